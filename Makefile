@@ -1,0 +1,31 @@
+# make setup : create .venv with torch==2.13.0 (CPU, pinned) and build neuronlocal
+# make demo  : the main job (device info + a model on neuron vs CPU)
+# make test  : the default test run (CI runs the same command)
+PY ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+
+.PHONY: setup demo test test-slow lint bench
+
+setup: $(BIN)/neuronlocal
+
+$(BIN)/neuronlocal: pyproject.toml setup.py constraints.txt requirements-dev.txt $(wildcard src/neuronlocal/csrc/*)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints.txt -r requirements-dev.txt
+	$(BIN)/pip install -q -c constraints.txt --no-build-isolation -e .
+	touch $@
+
+demo: setup
+	$(BIN)/neuronlocal demo
+
+test: setup
+	$(BIN)/python -m pytest -m "not slow" -q
+
+test-slow: setup
+	$(BIN)/python -m pytest -m slow -q
+
+lint: setup
+	$(BIN)/ruff check src tests bench examples
+
+bench: setup
+	$(BIN)/python bench/eager.py

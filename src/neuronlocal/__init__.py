@@ -1,0 +1,49 @@
+"""neuronlocal: TorchNeuron, the PyTorch backend for AWS Trainium, on any machine.
+
+`import torch` is enough: the `torch.backends` entry point calls `_autoload`, which
+imports this package. Importing it registers everything, once, in this order:
+
+1. read the configuration and the emulated instance profile (config, hardware);
+2. rename PrivateUse1 to `neuron`;
+3. start the C++ core: device guard, hooks, HBM allocator, eager kernels (neuronlocal._C);
+4. eager policy: CPU-fallback op list, 64-bit policy, direct kernels (eager);
+5. register `torch.neuron` (device) and generate `.neuron()` methods.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from neuronlocal import hardware
+from neuronlocal.config import Config
+
+config: Config = Config.from_env()
+profile: hardware.Profile = hardware.profile(config)
+
+torch.utils.rename_privateuse1_backend("neuron")
+
+from neuronlocal import _C  # noqa: E402  (needs the rename above)
+
+_C._init(profile.device_count, [profile.hbm_per_core] * profile.device_count, profile.describe())
+
+from neuronlocal import device, eager  # noqa: E402
+from neuronlocal.eager.tracking import (  # noqa: E402
+    clear_op_tracking,
+    get_downcast_ops,
+    get_executed_ops,
+    get_fallback_ops,
+)
+
+eager.register(config)
+device._profile = profile
+torch._register_device_module("neuron", device)
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
+)
+device.init()
+
+__version__ = "0.1.0"
+__all__ = [
+    "clear_op_tracking", "config", "device", "get_downcast_ops", "get_executed_ops",
+    "get_fallback_ops", "profile",
+]

@@ -1,0 +1,84 @@
+"""The `neuronlocal` command: info, demo, ops, env."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import neuronlocal
+from neuronlocal import config as config_mod
+from neuronlocal.eager import ops as ops_mod
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def cmd_info(_: argparse.Namespace) -> int:
+    p = neuronlocal.profile
+    print(f"neuronlocal {neuronlocal.__version__} on torch {torch.__version__}")
+    print(f"instance        {p.instance} ({p.chips} x {p.chip.name}, "
+          f"{p.chip.physical_cores} physical cores and {_gib(p.chip.hbm_bytes)} HBM per chip)")
+    print(f"LNC             {p.lnc} -> {p.cores_per_chip} logical cores per chip, "
+          f"{p.total_cores} on the instance")
+    print(f"visible cores   {list(p.visible)} -> torch.neuron.device_count() = {p.device_count}")
+    print(f"HBM per core    {_gib(p.hbm_per_core)}")
+    print(f"64-bit policy   {'compute as 32-bit' if neuronlocal.config.downcast_64bit else 'off'}")
+    print(f"strict mode     {'on' if neuronlocal.config.strict else 'off'}")
+    return 0
+
+
+def cmd_demo(_: argparse.Namespace) -> int:
+    from neuronlocal import demo
+
+    cmd_info(_)
+    r = demo.run()
+    print("\ndemo: tiny transformer LM, forward + backward, neuron vs CPU")
+    print(f"  loss            cpu {r.loss_cpu:.6f}   neuron {r.loss_neuron:.6f}")
+    print(f"  max |logit diff| {r.max_logit_diff:.2e}   max |grad diff| {r.max_grad_diff:.2e}")
+    print(f"  step time       cpu {r.ms_cpu:.1f} ms   neuron {r.ms_neuron:.1f} ms "
+          f"(host emulation; not Trainium timings)")
+    print(f"  peak HBM        {r.peak_hbm / 2**20:.2f} MiB on neuron:0")
+    fallbacks = neuronlocal.get_fallback_ops()
+    print(f"  CPU fallbacks   {dict(fallbacks) or 'none'}")
+    print(f"  64-bit downcasts {dict(neuronlocal.get_downcast_ops()) or 'none'}")
+    ok = r.max_logit_diff < 1e-4 and r.max_grad_diff < 1e-4
+    print("\nresult: " + ("neuron matches CPU" if ok else "MISMATCH between neuron and CPU"))
+    return 0 if ok else 1
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    if args.op:
+        for name in args.op:
+            print(f"{name}: {ops_mod.status(name)}")
+        return 0
+    print("Ops TorchNeuron runs on the host CPU (warned once, counted, errors in strict mode):")
+    for name, why in sorted(ops_mod.CPU_FALLBACK_OPS.items()):
+        print(f"  {name:<36} {why}")
+    return 0
+
+
+def cmd_env(_: argparse.Namespace) -> int:
+    print(config_mod.env_table_markdown())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="neuronlocal", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="the emulated instance: cores, HBM per core, LNC").set_defaults(
+        func=cmd_info)
+    sub.add_parser("demo", help="a small model on neuron vs CPU").set_defaults(func=cmd_demo)
+    p_ops = sub.add_parser("ops", help="op support: what falls back to CPU on Trainium")
+    p_ops.add_argument("op", nargs="*", help="op names, e.g. aten::mm")
+    p_ops.set_defaults(func=cmd_ops)
+    sub.add_parser("env", help="environment variables (markdown table)").set_defaults(
+        func=cmd_env)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+// Device guard and PrivateUse1 hooks: the C++ contracts PyTorch asks of a device.
+//
+// Python's stock guard (torch._C._acc) always reports device 0 and a count of 1, so a
+// tensor on neuron:1 and a backward pass on it cannot work through it. This one keeps a
+// thread-local current device, a per-device current stream, and host-timed events.
+#include "neuron.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+namespace neuron {
+namespace {
+
+std::atomic<c10::DeviceIndex> g_count{1};
+thread_local c10::DeviceIndex t_device = 0;
+// Stream ids per device for this thread; 0 is the default stream.
+thread_local std::vector<c10::StreamId> t_stream;
+std::atomic<c10::StreamId> g_next_stream{1};
+std::mutex g_gen_mu;
+std::vector<at::Generator> g_gens;
+
+struct Event {
+  std::chrono::steady_clock::time_point when;
+  bool recorded = false;
+};
+
+c10::StreamId& stream_slot(c10::DeviceIndex index) {
+  if (t_stream.size() <= static_cast<size_t>(index)) {
+    t_stream.resize(index + 1, 0);
+  }
+  return t_stream[index];
+}
+
+struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kNeuron; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = getDevice();
+    if (d.index() != old.index()) setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return {kNeuron, t_device}; }
+  void setDevice(c10::Device d) const override {
+    if (d.index() >= 0) {
+      check_index(d.index());
+      t_device = d.index();
+    }
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0) t_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    auto index = d.index() < 0 ? t_device : d.index();
+    return c10::Stream(c10::Stream::UNSAFE, {kNeuron, index}, stream_slot(index));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, {kNeuron, d.index() < 0 ? t_device : d.index()});
+  }
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    auto index = d.index() < 0 ? t_device : d.index();
+    return c10::Stream(c10::Stream::UNSAFE, {kNeuron, index}, g_next_stream++);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    return getNewStream(d, high_priority ? -1 : 0);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    auto old = getStream(s.device());
+    stream_slot(s.device_index()) = s.id();
+    return old;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return g_count.load(); }
+
+  // Execution is synchronous on the host, so an event completes when it is recorded.
+  void record(void** event, const c10::Stream& /*stream*/, const c10::DeviceIndex /*index*/,
+              const c10::EventFlag /*flag*/) const override {
+    if (*event == nullptr) *event = new Event();
+    auto* e = static_cast<Event*>(*event);
+    e->when = std::chrono::steady_clock::now();
+    e->recorded = true;
+  }
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override { return true; }
+  void destroyEvent(void* event, const c10::DeviceIndex /*index*/) const noexcept override {
+    delete static_cast<Event*>(event);
+  }
+  void synchronizeEvent(void* /*event*/) const override {}
+  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+  void synchronizeDevice(const c10::DeviceIndex /*index*/) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  double elapsedTime(void* a, void* b, const c10::DeviceIndex /*index*/) const override {
+    TORCH_CHECK(a && b, "Both events must be recorded before calculating elapsed time.");
+    auto* e1 = static_cast<Event*>(a);
+    auto* e2 = static_cast<Event*>(b);
+    return std::chrono::duration<double, std::milli>(e2->when - e1->when).count();
+  }
+};
+
+struct NeuronHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return g_count.load() > 0; }
+  bool hasPrimaryContext(c10::DeviceIndex /*index*/) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return g_count.load(); }
+  void setCurrentDevice(c10::DeviceIndex index) const override { set_current_device(index); }
+  c10::DeviceIndex getCurrentDevice() const override { return t_device; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
+    auto old = t_device;
+    set_current_device(index);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex index) const override {
+    return exchangeDevice(index);
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
+    return default_generator(index < 0 ? t_device : index);
+  }
+  // Random numbers are drawn on the host, as on Trainium: generators are CPU generators.
+  at::Generator getNewGenerator(c10::DeviceIndex /*index*/) const override {
+    return at::detail::createCPUGenerator();
+  }
+  at::Device getDeviceFromPtr(void* /*data*/) const override { return {kNeuron, t_device}; }
+  bool isPinnedPtr(const void* /*data*/) const override { return true; }
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    auto* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+    at::DataPtr fresh = newsize ? allocator()->allocate(newsize) : at::DataPtr(nullptr, storage.device());
+    auto keep = std::min(newsize, impl->nbytes());
+    if (keep) std::memcpy(fresh.get(), impl->data(), keep);
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(newsize);
+  }
+};
+
+NeuronGuard g_guard;
+NeuronHooks g_hooks;
+
+}  // namespace
+
+c10::DeviceIndex device_count() { return g_count.load(); }
+
+void set_device_count(c10::DeviceIndex n) {
+  g_count = n;
+  std::lock_guard<std::mutex> lock(g_gen_mu);
+  while (g_gens.size() < static_cast<size_t>(n)) {
+    // Same default seed as the CPU generator, so unseeded streams match CPU too.
+    g_gens.push_back(at::detail::createCPUGenerator(c10::default_rng_seed_val));
+  }
+}
+
+c10::DeviceIndex current_device() { return t_device; }
+
+void set_current_device(c10::DeviceIndex index) {
+  check_index(index);
+  t_device = index;
+}
+
+void check_index(c10::DeviceIndex index) {
+  auto n = g_count.load();
+  TORCH_CHECK_VALUE(index >= 0 && index < n, "Invalid device: neuron:", static_cast<int>(index),
+                    " does not exist; this emulated instance has ", static_cast<int>(n),
+                    " logical NeuronCore(s), neuron:0 to neuron:", static_cast<int>(n) - 1,
+                    ". Use an index below ", static_cast<int>(n),
+                    ", or change NEURONLOCAL_INSTANCE / NEURON_LOGICAL_NC_CONFIG / "
+                    "NEURON_RT_VISIBLE_CORES.");
+}
+
+at::Generator& default_generator(c10::DeviceIndex index) {
+  check_index(index);
+  std::lock_guard<std::mutex> lock(g_gen_mu);
+  return g_gens.at(index);
+}
+
+void register_guard_and_hooks() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  c10::impl::registerDeviceGuard(kNeuron, &g_guard);
+  at::RegisterPrivateUse1HooksInterface(&g_hooks);
+}
+
+}  // namespace neuron

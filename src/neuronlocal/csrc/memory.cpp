@@ -1,0 +1,297 @@
+// HBM accounting: an emulated caching segment allocator per logical NeuronCore.
+//
+// Bytes live in host memory, but every neuron allocation is counted against its core's
+// HBM budget the way TorchNeuron's allocator would count it (spec 2.6): requests are
+// rounded to size classes, carved from cached segments (2 MiB small pool, 20 MiB or exact
+// large pool), freed blocks stay reserved until empty_cache(), and a request that does not
+// fit after flushing the cache raises torch.OutOfMemoryError. So a model that would not
+// fit on a Trainium core does not fit here either, at the same size.
+#include "neuron.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <sstream>
+
+namespace neuron {
+namespace {
+
+constexpr int64_t kKiB = 1024, kMiB = 1024 * 1024;
+constexpr int64_t kSmallLimit = 1 * kMiB;   // small pool below 1 MiB
+constexpr int64_t kRoundLimit = 16 * kMiB;  // no rounding at 16 MiB and above
+
+struct Stat {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  void inc(int64_t n) {
+    current += n;
+    allocated += n;
+    peak = std::max(peak, current);
+  }
+  void dec(int64_t n) {
+    current -= n;
+    freed += n;
+  }
+};
+
+// Index 0 is "all", 1 the small pool, 2 the large pool.
+struct Core {
+  int64_t budget = std::numeric_limits<int64_t>::max();
+  Stat allocated_bytes[3], reserved_bytes[3], active_bytes[3], requested_bytes[3];
+  Stat allocation[3], segment[3];
+  int64_t cached_free[3] = {0, 0, 0};
+  int64_t num_ooms = 0, num_alloc_retries = 0, num_tensor_frees = 0, allocation_requests = 0;
+  std::vector<std::pair<double, int64_t>> timeline;
+};
+
+// Leaked on purpose: blocks may be freed during interpreter shutdown.
+std::mutex& mu() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::vector<Core>& cores() {
+  static auto* c = new std::vector<Core>();
+  return *c;
+}
+std::string& oom_hint() {
+  static auto* s = new std::string();
+  return *s;
+}
+bool g_timeline = false;
+const auto g_start = std::chrono::steady_clock::now();
+
+struct Block {
+  c10::DeviceIndex index;
+  int64_t size;       // rounded bytes counted against the core; 0 = not counted
+  int64_t requested;  // bytes asked for
+  int pool;           // 1 small, 2 large
+  c10::DataPtr host;  // memory we allocated, or
+  c10::Storage owner; // a CPU storage we adopted
+};
+
+int64_t round_size(int64_t n) {
+  if (n < kSmallLimit) return std::max<int64_t>(256, (n + 255) / 256 * 256);
+  if (n >= kRoundLimit) return (n + 511) / 512 * 512;
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  int64_t step = p / 4;
+  return (n + step - 1) / step * step;
+}
+
+int64_t segment_size(int64_t size, int pool) {
+  if (pool == 1) return 2 * kMiB;
+  if (size < 10 * kMiB) return 20 * kMiB;
+  return (size + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+}
+
+std::string fmt_bytes(int64_t n) {
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed;
+  if (n >= 1024 * kMiB) os << static_cast<double>(n) / (1024.0 * kMiB) << " GiB";
+  else if (n >= kMiB) os << static_cast<double>(n) / kMiB << " MiB";
+  else if (n >= kKiB) os << static_cast<double>(n) / kKiB << " KiB";
+  else os << n << " bytes";
+  return os.str();
+}
+
+Core& core(c10::DeviceIndex index) {
+  auto& cs = cores();
+  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < cs.size(), "Invalid device: neuron:",
+              static_cast<int>(index), " has no HBM budget (", cs.size(), " cores configured)");
+  return cs[index];
+}
+
+void sample(Core& c) {
+  if (!g_timeline || c.timeline.size() >= 200000) return;
+  double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
+  c.timeline.emplace_back(t, c.allocated_bytes[0].current);
+}
+
+void release_cache(Core& c) {
+  for (int p = 1; p <= 2; ++p) {
+    c.reserved_bytes[p].dec(c.cached_free[p]);
+    c.reserved_bytes[0].dec(c.cached_free[p]);
+    c.cached_free[p] = 0;
+  }
+  c.cached_free[0] = 0;
+}
+
+// Counts a request against the core; throws torch.OutOfMemoryError when it cannot fit.
+Block* account(c10::DeviceIndex index, int64_t nbytes) {
+  auto* b = new Block{index, 0, nbytes, 1, {}, {}};
+  if (nbytes == 0) return b;
+  int64_t size = round_size(nbytes);
+  int pool = size < kSmallLimit ? 1 : 2;
+  std::unique_lock<std::mutex> lock(mu());
+  Core& c = core(index);
+  c.allocation_requests++;
+  if (c.cached_free[pool] >= size) {
+    c.cached_free[pool] -= size;
+  } else {
+    int64_t seg = segment_size(size, pool);
+    if (c.reserved_bytes[0].current + seg > c.budget && c.reserved_bytes[0].current > 0) {
+      c.num_alloc_retries++;
+      release_cache(c);
+    }
+    if (c.reserved_bytes[0].current + seg > c.budget) {
+      c.num_ooms++;
+      std::ostringstream os;
+      os << "neuron:" << static_cast<int>(index) << " out of memory: tried to allocate "
+         << fmt_bytes(nbytes) << " on logical NeuronCore " << static_cast<int>(index) << " ("
+         << oom_hint() << "), which has " << fmt_bytes(c.budget) << " of HBM; "
+         << fmt_bytes(c.allocated_bytes[0].current) << " is already allocated by tensors and "
+         << fmt_bytes(c.reserved_bytes[0].current) << " reserved. Free tensors you no longer "
+         << "need (then torch.neuron.empty_cache()), lower the batch size or sequence length, "
+         << "or shard the model over more cores (FSDP / tensor parallel).";
+      lock.unlock();
+      delete b;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, os.str());
+    }
+    c.reserved_bytes[0].inc(seg);
+    c.reserved_bytes[pool].inc(seg);
+    c.segment[0].inc(1);
+    c.segment[pool].inc(1);
+    c.cached_free[pool] += seg - size;
+  }
+  for (int k : {0, pool}) {
+    c.allocated_bytes[k].inc(size);
+    c.active_bytes[k].inc(size);
+    c.requested_bytes[k].inc(nbytes);
+    c.allocation[k].inc(1);
+  }
+  sample(c);
+  b->size = size;
+  b->pool = pool;
+  return b;
+}
+
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  if (b->size) {
+    std::lock_guard<std::mutex> lock(mu());
+    auto& cs = cores();
+    if (static_cast<size_t>(b->index) < cs.size()) {
+      Core& c = cs[b->index];
+      for (int k : {0, b->pool}) {
+        c.allocated_bytes[k].dec(b->size);
+        c.active_bytes[k].dec(b->size);
+        c.requested_bytes[k].dec(b->requested);
+        c.allocation[k].dec(1);
+      }
+      c.cached_free[b->pool] += b->size;
+      c.num_tensor_frees++;
+      sample(c);
+    }
+  }
+  delete b;
+}
+
+struct NeuronAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    auto index = current_device();
+    c10::Device dev(kNeuron, index);
+    if (n == 0) return c10::DataPtr(nullptr, dev);
+    Block* b = account(index, static_cast<int64_t>(n));
+    try {
+      b->host = c10::GetCPUAllocator()->allocate(n);
+    } catch (...) {
+      free_block(b);
+      throw;
+    }
+    return c10::DataPtr(b->host.get(), b, &free_block, dev);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+NeuronAllocator g_allocator;
+
+}  // namespace
+
+c10::Allocator* allocator() { return &g_allocator; }
+
+void set_budgets(const std::vector<int64_t>& bytes_per_core) {
+  std::lock_guard<std::mutex> lock(mu());
+  auto& cs = cores();
+  if (cs.size() < bytes_per_core.size()) cs.resize(bytes_per_core.size());
+  for (size_t i = 0; i < bytes_per_core.size(); ++i) cs[i].budget = bytes_per_core[i];
+}
+
+void set_oom_hint(const std::string& hint) { oom_hint() = hint; }
+
+c10::DataPtr adopt_data(c10::Storage owner, c10::DeviceIndex index) {
+  Block* b = account(index, static_cast<int64_t>(owner.nbytes()));
+  void* data = const_cast<void*>(owner.data());
+  b->owner = std::move(owner);
+  return c10::DataPtr(data, b, &free_block, c10::Device(kNeuron, index));
+}
+
+c10::Storage adopt_storage(const c10::Storage& cpu, c10::DeviceIndex index) {
+  auto nbytes = cpu.nbytes();
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, adopt_data(cpu, index), allocator(), true));
+}
+
+std::map<std::string, int64_t> memory_stats(c10::DeviceIndex index) {
+  std::lock_guard<std::mutex> lock(mu());
+  Core& c = core(index);
+  std::map<std::string, int64_t> out;
+  const char* pools[3] = {"all", "small_pool", "large_pool"};
+  auto put = [&](const std::string& name, Stat* s) {
+    for (int k = 0; k < 3; ++k) {
+      std::string base = name + "." + pools[k] + ".";
+      out[base + "current"] = s[k].current;
+      out[base + "peak"] = s[k].peak;
+      out[base + "allocated"] = s[k].allocated;
+      out[base + "freed"] = s[k].freed;
+    }
+  };
+  put("allocated_bytes", c.allocated_bytes);
+  put("reserved_bytes", c.reserved_bytes);
+  put("active_bytes", c.active_bytes);
+  put("requested_bytes", c.requested_bytes);
+  put("allocation", c.allocation);
+  put("active", c.allocation);
+  put("segment", c.segment);
+  out["num_ooms"] = c.num_ooms;
+  out["num_alloc_retries"] = c.num_alloc_retries;
+  out["num_tensor_frees"] = c.num_tensor_frees;
+  out["allocation_requests"] = c.allocation_requests;
+  out["hbm_bytes"] = c.budget;
+  return out;
+}
+
+void reset_peak(c10::DeviceIndex index) {
+  std::lock_guard<std::mutex> lock(mu());
+  Core& c = core(index);
+  for (Stat* s : {c.allocated_bytes, c.reserved_bytes, c.active_bytes, c.requested_bytes,
+                  c.allocation, c.segment})
+    for (int k = 0; k < 3; ++k) s[k].peak = s[k].current;
+}
+
+void reset_accumulated(c10::DeviceIndex index) {
+  std::lock_guard<std::mutex> lock(mu());
+  Core& c = core(index);
+  for (Stat* s : {c.allocated_bytes, c.reserved_bytes, c.active_bytes, c.requested_bytes,
+                  c.allocation, c.segment})
+    for (int k = 0; k < 3; ++k) s[k].allocated = s[k].freed = 0;
+  c.num_ooms = c.num_alloc_retries = c.num_tensor_frees = c.allocation_requests = 0;
+}
+
+void empty_cache(c10::DeviceIndex index) {
+  std::lock_guard<std::mutex> lock(mu());
+  release_cache(core(index));
+}
+
+std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index) {
+  std::lock_guard<std::mutex> lock(mu());
+  return core(index).timeline;
+}
+
+void set_timeline(bool on) { g_timeline = on; }
+
+}  // namespace neuron

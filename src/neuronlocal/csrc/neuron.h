@@ -1,0 +1,64 @@
+// The C++ core of neuronlocal: what PyTorch needs in C++ for a PrivateUse1 device.
+//
+// Python owns policy (config, hardware profiles, torch.neuron). C++ owns the three
+// things the Python backend API cannot express or cannot do fast enough:
+//   guard.cpp    device guard (current device, device count, streams, events) and hooks
+//   memory.cpp   allocator over host memory with per-core HBM accounting and OOM
+//   dispatch.cpp the boxed CPU fallback on zero-copy aliases, and the few explicit kernels
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/Storage.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace neuron {
+
+constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+
+// ---- guard.cpp -------------------------------------------------------------
+c10::DeviceIndex device_count();
+void set_device_count(c10::DeviceIndex n);
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex index);
+// Raises the CUDA-style error for an index outside [0, device_count).
+void check_index(c10::DeviceIndex index);
+at::Generator& default_generator(c10::DeviceIndex index);
+void register_guard_and_hooks();
+
+// ---- memory.cpp ------------------------------------------------------------
+// Per-core accounting of an emulated caching allocator (see memory.cpp).
+void set_budgets(const std::vector<int64_t>& bytes_per_core);
+void set_oom_hint(const std::string& hint);
+c10::Allocator* allocator();
+// Neuron storage that keeps `cpu` alive and counts its bytes against core `index`.
+c10::Storage adopt_storage(const c10::Storage& cpu, c10::DeviceIndex index);
+// A data pointer for `nbytes` on core `index` owned by `owner` (an adopted CPU storage).
+c10::DataPtr adopt_data(c10::Storage owner, c10::DeviceIndex index);
+std::map<std::string, int64_t> memory_stats(c10::DeviceIndex index);
+void reset_peak(c10::DeviceIndex index);
+void reset_accumulated(c10::DeviceIndex index);
+void empty_cache(c10::DeviceIndex index);
+// Live bytes on a core over time, for the report: (seconds since start, bytes) samples.
+std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index);
+void set_timeline(bool on);
+
+// ---- dispatch.cpp ----------------------------------------------------------
+// A CPU tensor over the bytes of a neuron tensor (no copy, keeps them alive).
+at::Tensor cpu_alias(const at::Tensor& t);
+void register_kernels();
+void set_policy(bool downcast_64bit, bool strict);
+void set_cpu_fallback_ops(const std::vector<std::string>& names);
+std::map<std::string, int64_t> executed_ops();
+std::map<std::string, int64_t> fallback_ops();
+std::map<std::string, int64_t> downcast_ops();
+void clear_op_tracking();
+// Registers the boxed fallback directly for ops whose PrivateUse1 entry would otherwise
+// decompose into empty + out= (structured kernels), so they cost one dispatch, not two.
+void register_direct(const std::vector<std::string>& names);
+
+}  // namespace neuron

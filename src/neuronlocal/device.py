@@ -1,0 +1,284 @@
+"""torch.neuron: the device module, mirroring torch.cuda and TorchNeuron (spec 1.2).
+
+Registered as `torch.neuron` by `neuronlocal.register()`. Device selection, streams and
+events go through the C++ device guard, so `torch.accelerator`, `torch.Stream` and
+autograd see the same current device. Random numbers come from one host (CPU) generator
+per logical core, as on Trainium, so a seed gives the same numbers as on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from neuronlocal import _C
+from neuronlocal.memory import *  # noqa: F403  (the memory API is part of torch.neuron)
+from neuronlocal.memory import Device, device_index
+from neuronlocal.memory import __all__ as _memory_all
+
+__all__ = [
+    "Event", "Stream", "current_device", "current_stream", "default_stream", "device",
+    "device_count", "device_of", "get_amp_supported_dtype", "get_device_capability",
+    "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init",
+    "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
+    "manual_seed_all", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
+    "set_stream", "stream", "synchronize", *_memory_all,
+]
+
+_initialized = False
+_in_bad_fork = False
+_profile: Any = None  # hardware.Profile, set by neuronlocal.register()
+
+
+def _after_fork_in_child() -> None:
+    global _in_bad_fork
+    _in_bad_fork = _initialized
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _is_in_bad_fork() -> bool:
+    return _in_bad_fork
+
+
+def is_available() -> bool:
+    return device_count() > 0
+
+
+def is_initialized() -> bool:
+    return _initialized and not _in_bad_fork
+
+
+def init() -> None:
+    """Initialises the device runtime (idempotent). Fails in a forked child, as CUDA does."""
+    global _initialized
+    if _in_bad_fork:
+        raise RuntimeError("Cannot re-initialize neuron in a forked subprocess. To use neuron "
+                           "with multiprocessing, use the 'spawn' start method.")
+    _initialized = True
+
+
+def device_count() -> int:
+    """Number of logical NeuronCores this process sees."""
+    return _C._device_count()
+
+
+def current_device() -> int:
+    return _C._current_device()
+
+
+def set_device(device: Device) -> None:
+    """Selects the current core; raises ValueError for an index that does not exist."""
+    index = device.index if isinstance(device, torch.device) else device
+    if isinstance(device, str):
+        index = torch.device(device).index
+    if index is None or (isinstance(index, int) and index < 0):
+        return
+    _C._set_device(index)
+
+
+class device:
+    """Context manager that changes the current core, like torch.cuda.device."""
+
+    def __init__(self, device: Device) -> None:
+        self.idx = -1 if device is None else device_index(device)
+        self.prev = -1
+
+    def __enter__(self) -> None:
+        self.prev = _C._current_device()
+        if self.idx >= 0:
+            _C._set_device(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.idx >= 0:
+            _C._set_device(self.prev)
+
+
+class device_of(device):
+    """Context manager selecting the core of a tensor (no-op for CPU tensors)."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.device.index if obj.device.type == "neuron" else None)
+
+
+def get_device_name(device: Device = None) -> str:
+    return f"neuron:{device_index(device)}"
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    total_memory: int
+    core_type: str
+    instance: str
+    logical_nc_config: int
+    physical_core_id: int
+
+    def __repr__(self) -> str:
+        return (f"_NeuronDeviceProperties(name='{self.name}', total_memory="
+                f"{self.total_memory // 2**20}MB, core_type='{self.core_type}', "
+                f"instance='{self.instance}', lnc={self.logical_nc_config})")
+
+
+def get_device_properties(device: Device = None) -> DeviceProperties:
+    i = device_index(device)
+    p = _profile
+    core = "NeuronCore-v3" if p.chip.name == "Trainium2" else "NeuronCore-v4"
+    return DeviceProperties(f"neuron:{i}", p.hbm_per_core, core, p.instance, p.lnc, p.visible[i])
+
+
+def get_device_capability(device: Device = None) -> tuple[int, int]:
+    device_index(device)
+    return (2, 0) if _profile.chip.name == "Trainium2" else (3, 0)
+
+
+def synchronize(device: Device = None) -> None:
+    """Waits for queued work; execution on the host is synchronous, so this returns at once."""
+    device_index(device)
+
+
+# ---- streams and events -------------------------------------------------------------------
+
+
+class Stream(torch.Stream):
+    """A neuron stream. Work runs in order on the host, so streams only order bookkeeping."""
+
+    def __new__(cls, device: Device = None, priority: int = 0, **kwargs: Any) -> Stream:
+        if "stream_id" in kwargs:
+            return super().__new__(cls, **kwargs)
+        with globals()["device"](device):
+            return super().__new__(cls, device=f"neuron:{current_device()}", priority=priority)
+
+    def wait_event(self, event: torch.Event) -> None:
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: torch.Event | None = None) -> torch.Event:
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+
+class _EventMeta(type):
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "neuron"
+
+
+class Event(metaclass=_EventMeta):
+    """A neuron event; `elapsed_time` measures host time between two records.
+
+    Constructing one returns a `torch.Event` on neuron (torch.Event's methods accept only
+    that exact type), and `isinstance(e, torch.neuron.Event)` holds for it.
+    """
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False,  # type: ignore[misc]
+                interprocess: bool = False) -> torch.Event:
+        return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
+
+
+def current_stream(device: Device = None) -> Stream:
+    s = torch.accelerator.current_stream(device_index(device))
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+def default_stream(device: Device = None) -> Stream:
+    i = device_index(device)
+    kind = torch.accelerator.current_stream(i).device_type
+    return Stream(stream_id=0, device_index=i, device_type=kind)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(s: torch.Stream | None) -> Iterator[None]:
+    """Makes `s` the current stream of its device for the duration of the block."""
+    if s is None:
+        yield
+        return
+    prev = torch.accelerator.current_stream(s.device_index)
+    torch.accelerator.set_stream(s)
+    try:
+        yield
+    finally:
+        torch.accelerator.set_stream(prev)
+
+
+# ---- random numbers ------------------------------------------------------------------------
+
+
+def _generator(device: Device = None) -> torch.Generator:
+    return _C._default_generator(device_index(device))
+
+
+def default_generators_tuple() -> tuple[torch.Generator, ...]:
+    return tuple(_C._default_generator(i) for i in range(device_count()))
+
+
+def manual_seed(seed: int) -> None:
+    """Seeds the current core's generator."""
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seeds every core's generator (called by torch.manual_seed)."""
+    for g in default_generators_tuple():
+        g.manual_seed(int(seed))
+
+
+def seed() -> None:
+    _generator().seed()
+
+
+def seed_all() -> None:
+    s = _generator().seed()
+    manual_seed_all(s)
+
+
+def initial_seed() -> int:
+    return _generator().initial_seed()
+
+
+def get_rng_state(device: Device = "neuron") -> torch.Tensor:
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Device = "neuron") -> None:
+    _generator(device).set_state(new_state.cpu())
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [g.get_state() for g in default_generators_tuple()]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for g, s in zip(default_generators_tuple(), new_states, strict=True):
+        g.set_state(s.cpu())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "default_generators":
+        return default_generators_tuple()
+    raise AttributeError(name)
+
+
+# ---- autocast ------------------------------------------------------------------------------
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16, torch.float32]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True

@@ -1,0 +1,28 @@
+"""Op tracking (TorchNeuron's top-level API): which ops ran, which fell back to CPU.
+
+Counts are kept in C++ per op overload; these return `{op name: count}` dicts, which
+also work as sets of names (`"aten::mm" in get_executed_ops()`).
+"""
+
+from __future__ import annotations
+
+from neuronlocal import _C
+
+
+def get_executed_ops() -> dict[str, int]:
+    """Every ATen op run on neuron tensors since the last clear, with call counts."""
+    return dict(_C._executed_ops())
+
+
+def get_fallback_ops() -> dict[str, int]:
+    """Ops that TorchNeuron would execute on the host CPU, with call counts."""
+    return dict(_C._fallback_ops())
+
+
+def get_downcast_ops() -> dict[str, int]:
+    """Ops that computed 64-bit inputs in 32 bits (Trainium numerics), with call counts."""
+    return dict(_C._downcast_ops())
+
+
+def clear_op_tracking() -> None:
+    _C._clear_op_tracking()

@@ -1,0 +1,104 @@
+"""Instance profiles: how many logical NeuronCores a process sees, and HBM per core.
+
+Facts from the reference spec (section 1.4): a Trainium2 chip has 8 physical
+NeuronCore-v3 and 96 GiB HBM; LNC=2 (the default) pairs them into 4 logical cores of
+24 GiB, LNC=1 exposes 8 of 12 GiB. Trainium3 has 8 NeuronCore-v4 and 144 GiB per chip.
+The runtime refuses more than 128 visible cores per process (DeviceIndex is int8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuronlocal.config import Config, ConfigError
+
+GiB = 2**30
+MAX_VISIBLE_CORES = 128
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    physical_cores: int
+    hbm_bytes: int
+    default_lnc: int
+
+
+TRAINIUM2 = Chip("Trainium2", 8, 96 * GiB, 2)
+TRAINIUM3 = Chip("Trainium3", 8, 144 * GiB, 2)
+
+# instance name -> (chip, chips per instance). trn3 sizes are unconfirmed ([U] in the spec).
+INSTANCES: dict[str, tuple[Chip, int]] = {
+    "trn2.3xlarge": (TRAINIUM2, 1),
+    "trn2.48xlarge": (TRAINIUM2, 16),
+    "trn3.3xlarge": (TRAINIUM3, 1),
+    "trn3.48xlarge": (TRAINIUM3, 16),
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What this process sees: the emulated instance after LNC and core visibility."""
+
+    instance: str
+    chip: Chip
+    chips: int
+    lnc: int
+    visible: tuple[int, ...]  # instance-wide logical core ids; device i is visible[i]
+    hbm_per_core: int
+
+    @property
+    def cores_per_chip(self) -> int:
+        return self.chip.physical_cores // self.lnc
+
+    @property
+    def total_cores(self) -> int:
+        return self.cores_per_chip * self.chips
+
+    @property
+    def device_count(self) -> int:
+        return len(self.visible)
+
+    def describe(self) -> str:
+        return f"{self.instance}, LNC={self.lnc}"
+
+
+def parse_visible(raw: str, total: int) -> tuple[int, ...]:
+    """'0-3' / '2' / '0,2' -> core ids, validated against the instance's core count."""
+    cores: list[int] = []
+    for part in raw.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                cores.extend(range(lo, hi + 1))
+            else:
+                cores.append(int(part))
+        except ValueError:
+            raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r}: {part!r} is not a core id or "
+                              "range; use e.g. '0-3', '2' or '0,2'.") from None
+    bad = [c for c in cores if c < 0 or c >= total]
+    if bad:
+        raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} names core(s) {bad}, but the "
+                          f"emulated instance has {total} logical cores (0-{total - 1}).")
+    if len(set(cores)) != len(cores):
+        raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} lists a core twice.")
+    return tuple(cores)
+
+
+def profile(cfg: Config) -> Profile:
+    if cfg.instance not in INSTANCES:
+        raise ConfigError(f"NEURONLOCAL_INSTANCE={cfg.instance!r} is unknown; choose one of "
+                          f"{', '.join(INSTANCES)}.")
+    chip, chips = INSTANCES[cfg.instance]
+    lnc = cfg.lnc or chip.default_lnc
+    total = chip.physical_cores // lnc * chips
+    visible = parse_visible(cfg.visible_cores, total) if cfg.visible_cores else tuple(range(total))
+    if len(visible) > MAX_VISIBLE_CORES:
+        raise ConfigError(f"{len(visible)} logical cores are visible, but the Neuron runtime "
+                          f"allows at most {MAX_VISIBLE_CORES} per process; set "
+                          "NEURON_RT_VISIBLE_CORES (torchrun runs one process per core).")
+    hbm = cfg.hbm_per_core or chip.hbm_bytes // (chip.physical_cores // lnc)
+    return Profile(cfg.instance, chip, chips, lnc, visible, hbm)

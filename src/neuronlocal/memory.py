@@ -1,0 +1,118 @@
+"""torch.neuron memory API: HBM accounting per logical core, mirroring torch.cuda.
+
+The counters live in the C++ allocator (csrc/memory.cpp), which emulates TorchNeuron's
+caching segment allocator, so `reserved >= allocated >= active` always holds and
+`memory_stats()` has the same keys as CUDA's (plus `hbm_bytes`, the core's budget).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from neuronlocal import _C
+
+Device = torch.device | str | int | None
+
+__all__ = [
+    "empty_cache", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats",
+]
+
+
+def device_index(device: Device = None, optional: bool = True) -> int:
+    """Normalises None / int / 'neuron:1' / torch.device to a validated core index."""
+    if device is None:
+        return _C._current_device()
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "neuron":
+            raise ValueError(f"Expected a neuron device, got {device}.")
+        if device.index is None:
+            return _C._current_device()
+        device = device.index
+    if not isinstance(device, int):
+        raise TypeError(f"Invalid device {device!r}: use an int, 'neuron:i' or torch.device.")
+    _C._check_index(device)
+    return device
+
+
+def memory_stats(device: Device = None) -> dict[str, Any]:
+    """Allocator statistics for one core, keyed like torch.cuda.memory_stats()."""
+    return OrderedDict(sorted(_C._memory_stats(device_index(device)).items()))
+
+
+def memory_allocated(device: Device = None) -> int:
+    return _C._memory_stats(device_index(device))["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device: Device = None) -> int:
+    return _C._memory_stats(device_index(device))["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device: Device = None) -> int:
+    return _C._memory_stats(device_index(device))["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device: Device = None) -> int:
+    return _C._memory_stats(device_index(device))["reserved_bytes.all.peak"]
+
+
+def mem_get_info(device: Device = None) -> tuple[int, int]:
+    """(free, total) HBM bytes of the core, like torch.cuda.mem_get_info."""
+    stats = _C._memory_stats(device_index(device))
+    total = stats["hbm_bytes"]
+    return total - stats["reserved_bytes.all.current"], total
+
+
+def reset_peak_memory_stats(device: Device = None) -> None:
+    _C._reset_peak(device_index(device))
+
+
+def reset_max_memory_allocated(device: Device = None) -> None:
+    _C._reset_peak(device_index(device))
+
+
+def reset_accumulated_memory_stats(device: Device = None) -> None:
+    _C._reset_accumulated(device_index(device))
+
+
+def empty_cache(device: Device = None) -> None:
+    """Releases cached, unused blocks of every core (or one core) back to HBM."""
+    if device is not None:
+        _C._empty_cache(device_index(device))
+        return
+    for i in range(_C._device_count()):
+        _C._empty_cache(i)
+
+
+def _fmt(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
+    """A human-readable table of the allocator statistics of one core."""
+    index = device_index(device)
+    s = memory_stats(index)
+    lines = [
+        f"neuron:{index} memory summary (HBM per core {_fmt(s['hbm_bytes'])})",
+        f"{'metric':<22}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}",
+    ]
+    metrics = ["allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"]
+    pools = ["all"] if abbreviated else ["all", "small_pool", "large_pool"]
+    for m in metrics:
+        for p in pools:
+            vals = [_fmt(s[f"{m}.{p}.{k}"]) for k in ("current", "peak", "allocated", "freed")]
+            label = m if p == "all" else f"  {p}"
+            lines.append(f"{label:<22}" + "".join(f"{v:>14}" for v in vals))
+    for k in ("allocation_requests", "num_alloc_retries", "num_ooms", "num_tensor_frees"):
+        lines.append(f"{k:<22}{s[k]:>14}")
+    return "\n".join(lines)

@@ -130,7 +130,19 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     auto* impl = storage.unsafeGetStorageImpl();
     TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
-    at::DataPtr fresh = newsize ? allocator()->allocate(newsize) : at::DataPtr(nullptr, storage.device());
+    // The allocator counts against the current core: make that the storage's own core,
+    // so resizing a neuron:1 storage from neuron:0 keeps it (and its bytes) on neuron:1.
+    const auto index = storage.device().index();
+    const auto prev = t_device;
+    if (index >= 0) t_device = index;
+    at::DataPtr fresh;
+    try {
+      fresh = newsize ? allocator()->allocate(newsize) : at::DataPtr(nullptr, storage.device());
+    } catch (...) {
+      t_device = prev;
+      throw;
+    }
+    t_device = prev;
     auto keep = std::min(newsize, impl->nbytes());
     if (keep) std::memcpy(fresh.get(), impl->data(), keep);
     impl->set_data_ptr_noswap(std::move(fresh));

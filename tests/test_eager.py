@@ -1,0 +1,692 @@
+"""Eager mode on `neuron`: every result is compared with plain CPU PyTorch (spec 2.1-2.5).
+
+Covers views, in-place, out=, factories, copies between devices and cores, serialization,
+storages, the same-device rule, autograd, autocast, per-core RNG, Trainium's 64-bit
+numerics policy, op tracking, strict mode and the errors for bad input.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import neuronlocal
+import neuronlocal.eager
+import torch_neuronx
+from neuronlocal import hardware
+from neuronlocal.config import Config, ConfigError
+
+SAME_DEVICE = "Expected all tensors to be on the same device, but found at least two devices"
+
+
+@pytest.fixture
+def policy():
+    """Restores the eager policy a test changes with neuronlocal.eager.set_policy."""
+    cfg = neuronlocal.config
+    yield neuronlocal.eager.set_policy
+    neuronlocal.eager.set_policy(strict=cfg.strict, downcast_64bit=cfg.downcast_64bit)
+
+
+# ---- views and in-place ------------------------------------------------------------------------
+
+
+def test_views_share_storage_and_track_base():
+    cpu = torch.arange(24.0).view(4, 6)
+    x = cpu.to("neuron:1")
+    ops = {
+        "view": lambda t: t.view(6, 4), "slice": lambda t: t[1:3, ::2], "t": lambda t: t.t(),
+        "diagonal": lambda t: t.diagonal(), "select": lambda t: t[2],
+        "narrow": lambda t: t.narrow(1, 2, 3), "expand": lambda t: t[:1].expand(3, 6),
+        "unfold": lambda t: t.unfold(1, 2, 2), "permute": lambda t: t.permute(1, 0),
+        "as_strided": lambda t: t.as_strided((2, 2), (6, 1), 1),
+        "unsqueeze": lambda t: t.unsqueeze(0), "flatten": lambda t: t.flatten(),
+    }
+    for name, op in ops.items():
+        v = op(x)
+        assert v._is_view() and v._base is x, name
+        assert v.device == torch.device("neuron:1"), name
+        assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(), name
+        assert v.storage_offset() == op(cpu).storage_offset(), name
+        assert v.stride() == op(cpu).stride(), name
+        torch.testing.assert_close(v.cpu(), op(cpu), rtol=0, atol=0, msg=name)
+    # writes through a view reach the base, and the other way round
+    row = x[1]
+    row.add_(100)
+    x[:, 0].fill_(-1)
+    cpu_ref = cpu.clone()
+    cpu_ref[1].add_(100)
+    cpu_ref[:, 0].fill_(-1)
+    assert torch.equal(x.cpu(), cpu_ref) and torch.equal(row.cpu(), cpu_ref[1])
+    assert row._version == x._version  # one version counter, so autograd sees view writes
+
+
+def test_inplace_keeps_identity_and_storage():
+    x = torch.ones(5, device="neuron:2")
+    ptr = x.data_ptr()
+    r = x.add_(2).mul_(3).clamp_(max=8.5)
+    assert r is x and x.data_ptr() == ptr
+    torch.testing.assert_close(x.cpu(), torch.full((5,), 8.5))
+    x.zero_()
+    assert x.data_ptr() == ptr and x.abs().sum().item() == 0
+
+
+def _view_inplace_autograd(dev: str):
+    torch.manual_seed(0)
+    w = torch.randn(3, 4)
+    leaf = w.to(dev).requires_grad_()
+    c = leaf.clone()
+    c[:, 1].mul_(3)  # in-place on views of the clone of a leaf
+    c[0].add_(c[1].detach()).pow_(2)
+    c.t()[3].sin_()
+    b = c[2]
+    c.mul_(2)  # in-place on the base after the view was taken: the view sees it
+    weights = torch.arange(12.0, device=dev).view(3, 4)
+    ((c * weights).sum() + b.pow(2).sum()).backward()
+    return c.detach().cpu(), b.detach().cpu(), leaf.grad.cpu(), c.grad_fn.name(), b.grad_fn.name()
+
+
+def test_inplace_on_view_of_leaf_clone_updates_grads():
+    got, want = _view_inplace_autograd("neuron"), _view_inplace_autograd("cpu")
+    for g, w in zip(got[:3], want[:3], strict=True):
+        torch.testing.assert_close(g, w)
+    assert got[3:] == want[3:]  # same autograd graph (CopySlices / AsStridedBackward...)
+    leaf = torch.randn(3, device="neuron", requires_grad=True)
+    with pytest.raises(RuntimeError, match="a view of a leaf Variable that requires grad"):
+        leaf[0].mul_(2)
+
+
+# ---- out= --------------------------------------------------------------------------------------
+
+
+def test_out_variants_resize_and_return_the_out_tensor():
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    out = torch.empty(0, device="neuron")
+    r = torch.mm(a.to("neuron"), b.to("neuron"), out=out)
+    assert r is out and out.shape == (3, 5) and out.device == torch.device("neuron:0")
+    torch.testing.assert_close(out.cpu(), a @ b)
+    ptr = out.data_ptr()
+    torch.mm(a.to("neuron"), b.to("neuron"), out=out)  # right size: written in place
+    assert out.data_ptr() == ptr
+    small = torch.empty(2, device="neuron:1")
+    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+        torch.add(torch.ones(3, 3, device="neuron:1"), 1, out=small)
+    assert small.shape == (3, 3) and torch.equal(small.cpu(), torch.full((3, 3), 2.0))
+    vals = torch.empty(0, device="neuron")
+    idx = torch.empty(0, dtype=torch.long, device="neuron")
+    m = torch.tensor([[1.0, 5.0], [7.0, 2.0]])
+    rv, ri = torch.max(m.to("neuron"), 1, out=(vals, idx))
+    assert rv is vals and ri is idx
+    assert torch.equal(vals.cpu(), torch.tensor([5.0, 7.0]))
+    assert torch.equal(idx.cpu(), torch.tensor([1, 0]))
+    # a 64-bit out= keeps its dtype although it was computed in 32 bits
+    d = torch.arange(12, dtype=torch.float64).view(3, 4)
+    o64 = torch.empty(0, dtype=torch.float64, device="neuron")
+    torch.sum(d.to("neuron"), 1, out=o64)
+    assert o64.dtype == torch.float64 and o64.shape == (3,)
+    torch.testing.assert_close(o64.cpu(), d.sum(1))
+    # errors are CPU's
+    with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float, but got int"):
+        torch.mm(a.to("neuron"), b.to("neuron"), out=torch.empty(0, dtype=torch.int32,
+                                                                 device="neuron"))
+    with pytest.raises(RuntimeError, match=SAME_DEVICE + ", neuron:0 and neuron:1"):
+        torch.add(torch.ones(3, device="neuron"), 1, out=torch.empty(3, device="neuron:1"))
+    with pytest.raises(RuntimeError, match=SAME_DEVICE + ", neuron:0 and cpu"):
+        torch.add(torch.ones(3, device="neuron"), 1, out=torch.empty(3))
+
+
+# ---- factories and copies ----------------------------------------------------------------------
+
+
+def test_factories_on_a_given_core():
+    factories = {
+        "zeros": lambda d: torch.zeros(2, 3, device=d),
+        "ones": lambda d: torch.ones(4, dtype=torch.int32, device=d),
+        "full": lambda d: torch.full((2,), 3.5, device=d),
+        "arange": lambda d: torch.arange(2, 11, 3, device=d),
+        "linspace": lambda d: torch.linspace(0, 1, 5, device=d),
+        "eye": lambda d: torch.eye(3, device=d),
+        "tensor": lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
+        "empty_strided": lambda d: torch.empty_strided((2, 3), (1, 2), device=d).fill_(1),
+        "tril_indices": lambda d: torch.tril_indices(3, 3, device=d),
+    }
+    for i in range(4):
+        for name, make in factories.items():
+            got, want = make(f"neuron:{i}"), make("cpu")
+            assert got.device == torch.device("neuron", i), name
+            assert got.dtype == want.dtype and got.stride() == want.stride(), name
+            assert torch.equal(got.cpu(), want), name
+    x = torch.ones(3, device="neuron:2")
+    for like in (torch.zeros_like(x), torch.full_like(x, 7), x.new_zeros(4), x.new_tensor([1.0]),
+                 torch.empty_like(x), torch.rand_like(x)):
+        assert like.device == torch.device("neuron:2")
+    assert torch.neuron.current_device() == 0  # creating on neuron:2 did not switch cores
+    with torch.neuron.device(3):
+        assert torch.zeros(1, device="neuron").device == torch.device("neuron:3")
+
+
+def test_copies_between_cpu_and_cores():
+    src = torch.randn(4, 6)
+    a = src.to("neuron")
+    b = a.to("neuron:1")
+    c = b.to(torch.device("neuron", 3))
+    assert (a.device.index, b.device.index, c.device.index) == (0, 1, 3)
+    assert b.data_ptr() != a.data_ptr()
+    for t in (a, b, c):
+        assert torch.equal(t.cpu(), src)
+    dst = torch.empty(4, 6, device="neuron:2")
+    dst.copy_(b)
+    assert torch.equal(dst.cpu(), src) and dst.device.index == 2
+    noncontig = src.t()  # 6x4, strided
+    d1 = torch.empty(6, 4, device="neuron:1").copy_(noncontig)
+    assert torch.equal(d1.cpu(), noncontig)
+    back = torch.empty(4, 6)
+    back.copy_(c.t().contiguous().t())
+    assert torch.equal(back.t(), src.t())
+    half = src.to("neuron:1", torch.float16)
+    assert half.dtype == torch.float16 and torch.equal(half.cpu(), src.half())
+    assert torch.equal(src.to("neuron:3", non_blocking=True).cpu(), src)
+    assert torch.equal(b.to("cpu", torch.float64), src.double())
+
+
+def test_item_and_tolist():
+    assert torch.tensor(3.5, device="neuron").item() == 3.5
+    assert torch.tensor(2**40 + 1, device="neuron:1").item() == 2**40 + 1  # exact: no compute
+    assert torch.tensor(0.1, dtype=torch.float64, device="neuron:3").item() == 0.1
+    assert torch.tensor(True, device="neuron").item() is True
+    assert torch.arange(4, device="neuron:2").sum().item() == 6
+    assert torch.arange(3, device="neuron").tolist() == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="a Tensor with 2 elements cannot be converted"):
+        torch.ones(2, device="neuron").item()
+
+
+def test_printing_matches_cpu_plus_device():
+    cases = [torch.randn(3, 3), torch.arange(2000.0), torch.ones(2, dtype=torch.bfloat16),
+             torch.tensor(3), torch.ones(2, 2, dtype=torch.float64) * 2, torch.empty(0)]
+    for i, cpu in enumerate(cases):
+        dev = f"neuron:{i % 4}"
+        text = repr(cpu.to(dev))
+        assert f"device='{dev}'" in text
+        assert text.replace(f", device='{dev}'", "") == repr(cpu)
+    g = torch.ones(2, device="neuron", requires_grad=True)
+    assert repr(g) == "tensor([1., 1.], device='neuron:0', requires_grad=True)"
+    torch_neuronx.clear_op_tracking()
+    str(torch.randn(3, 3, device="neuron"))
+    # formatting runs on a host copy: only the randn fill ran on the device
+    assert set(torch_neuronx.get_executed_ops()) == {"aten::normal_"}
+
+
+# ---- serialization and storages ----------------------------------------------------------------
+
+
+def test_deepcopy():
+    x = torch.randn(4, device="neuron:1", requires_grad=True)
+    (x * 3).sum().backward()
+    y = copy.deepcopy(x)
+    assert y.device == x.device and y.requires_grad and y.data_ptr() != x.data_ptr()
+    assert torch.equal(y.detach().cpu(), x.detach().cpu())
+    assert y.grad.device == x.device and torch.equal(y.grad.cpu(), torch.full((4,), 3.0))
+    base = torch.arange(4.0, device="neuron:2")
+    d = copy.deepcopy({"base": base, "view": base[1:]})
+    d["base"][1] = 100.0  # the copy keeps the view relation, on its own storage
+    assert d["view"][0].item() == 100.0 and base[1].item() == 1.0
+    m = torch.nn.Linear(3, 3).to("neuron:3")
+    m2 = copy.deepcopy(m)
+    assert m2.weight.device == torch.device("neuron:3")
+    assert torch.equal(m2.weight.detach().cpu(), m.weight.detach().cpu())
+
+
+def test_pickle():
+    x = torch.randn(3, 4, device="neuron:1")
+    y = pickle.loads(pickle.dumps(x))
+    assert y.device == torch.device("neuron:1") and torch.equal(y.cpu(), x.cpu())
+    p = torch.nn.Parameter(torch.ones(2, device="neuron:2"))
+    q = pickle.loads(pickle.dumps(p))
+    assert isinstance(q, torch.nn.Parameter) and q.device == p.device and q.requires_grad
+
+
+def _saved(obj) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+def test_torch_save_and_load_with_map_location():
+    a = torch.randn(3, device="neuron:1")
+    base = torch.arange(6, device="neuron")
+    obj = {"a": a, "base": base, "view": base[2:]}
+    loaded = torch.load(_saved(obj))
+    assert loaded["a"].device == torch.device("neuron:1")
+    assert loaded["base"].device == torch.device("neuron:0")
+    assert torch.equal(loaded["a"].cpu(), a.cpu())
+    loaded["base"][2] = 42  # views saved together still share storage after loading
+    assert loaded["view"][0].item() == 42
+    cpu = torch.load(_saved(obj), map_location="cpu")
+    assert cpu["a"].device.type == "cpu" and torch.equal(cpu["a"], a.cpu())
+    moved = torch.load(_saved(obj), map_location="neuron:2")
+    assert {t.device for t in moved.values()} == {torch.device("neuron:2")}
+    mapped = torch.load(_saved(a), map_location={"neuron:1": "neuron:3"})
+    assert mapped.device == torch.device("neuron:3") and torch.equal(mapped.cpu(), a.cpu())
+    sd = torch.nn.Linear(3, 2).state_dict()
+    on_neuron = torch.load(_saved(sd), map_location=torch.device("neuron", 1), weights_only=True)
+    assert all(t.device == torch.device("neuron:1") for t in on_neuron.values())
+    assert all(torch.equal(on_neuron[k].cpu(), sd[k]) for k in sd)
+
+
+def test_safetensors_roundtrip(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    tensors = {"w": torch.randn(4, 3, device="neuron:1"), "i": torch.arange(5, device="neuron")}
+    path = str(tmp_path / "m.safetensors")
+    st.save_file(tensors, path)  # saving from neuron works: safetensors copies to the host
+    # safetensors' Rust loader only knows the devices it was built for (cpu, cuda, mps, ...)
+    # and rejects "neuron" itself, before PyTorch sees it. So load on CPU, then move.
+    with pytest.raises(Exception, match="neuron"):
+        st.load_file(path, device="neuron")
+    loaded = {k: v.to("neuron") for k, v in st.load_file(path, device="cpu").items()}
+    for k, v in tensors.items():
+        assert loaded[k].device == torch.device("neuron:0") and loaded[k].dtype == v.dtype
+        assert torch.equal(loaded[k].cpu(), v.cpu())
+    assert torch.equal(st.load(st.save(tensors))["w"], tensors["w"].cpu())
+
+
+def test_untyped_storage():
+    s = torch.UntypedStorage(16, device="neuron")
+    assert s.device == torch.device("neuron:0") and s.nbytes() == 16 and len(s) == 16
+    s.fill_(7)
+    c = s.clone()
+    assert c.device == s.device and c.data_ptr() != s.data_ptr()
+    assert c.tolist() == [7] * 16
+    s.fill_(1)  # the clone is independent
+    assert c.tolist() == [7] * 16 and s.tolist() == [1] * 16
+    s1 = torch.UntypedStorage(8, device="neuron:1")
+    s1.copy_(torch.UntypedStorage(8).fill_(3))
+    assert s1.device == torch.device("neuron:1") and s1.clone().device == s1.device
+    assert s1.cpu().tolist() == [3] * 8 and s1.cpu().device.type == "cpu"
+    t = torch.tensor([], dtype=torch.uint8, device="neuron:1").set_(s1)
+    assert t.tolist() == [3] * 8
+    assert torch.ones(2).untyped_storage().neuron().device.type == "neuron"
+
+
+# ---- devices -----------------------------------------------------------------------------------
+
+
+def test_mixed_devices_raise_cuda_error():
+    a, b = torch.ones(2, 2, device="neuron:0"), torch.ones(2, 2, device="neuron:1")
+    cases = {
+        "add": lambda: a + b, "add_": lambda: a.add_(b), "mm": lambda: a @ b,
+        "cat": lambda: torch.cat([a, b]), "index": lambda: a[torch.tensor([0], device="neuron:1")],
+        "where": lambda: torch.where(a > 0, b, 0.0),
+        "linear": lambda: torch.nn.functional.linear(a, b),
+    }
+    for name, f in cases.items():
+        with pytest.raises(RuntimeError, match=SAME_DEVICE + ", neuron:0 and neuron:1") as info:
+            f()
+        assert "tensor.to('neuron:0')" in str(info.value), name
+    with pytest.raises(RuntimeError, match=SAME_DEVICE + ", neuron:0 and cpu"):
+        a + torch.ones(2, 2)
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.nn.Linear(2, 2)(a)  # CPU weights, neuron input
+    # what CUDA also allows: CPU 0-dim scalars, CPU index tensors
+    assert torch.equal((b + torch.tensor(2.0)).cpu(), torch.full((2, 2), 3.0))
+    assert b[torch.tensor([1])].device == torch.device("neuron:1")
+
+
+def test_unknown_device_index():
+    fix = "this emulated instance has 4 logical NeuronCore(s), neuron:0 to neuron:3"
+    for make in (lambda: torch.empty(1, device="neuron:4"), lambda: torch.ones(2).to("neuron:7"),
+                 lambda: torch.neuron.set_device(5), lambda: torch.neuron.device(9).__enter__(),
+                 lambda: torch.randn(2, device="neuron:4")):
+        with pytest.raises(ValueError, match="does not exist") as info:
+            make()
+        assert fix in str(info.value) and "NEURON_RT_VISIBLE_CORES" in str(info.value)
+    assert torch.neuron.current_device() == 0
+
+
+# ---- autograd ----------------------------------------------------------------------------------
+
+
+def _mlp_grads(dev: str):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    model.to(dev)
+    x = torch.randn(5, 6).to(dev).requires_grad_()
+    target = torch.tensor([0, 2, 1, 1, 0]).to(dev)
+    loss = torch.nn.functional.cross_entropy(model(x), target)
+    loss.backward()
+    (gx,) = torch.autograd.grad((x.pow(3) * 2).sum(), x, create_graph=True)
+    (ggx,) = torch.autograd.grad(gx.sum(), x)  # double backward
+    grads = [p.grad for p in model.parameters()] + [x.grad, gx, ggx]
+    return loss, grads
+
+
+def test_autograd_on_neuron_1_matches_cpu():
+    loss, grads = _mlp_grads("neuron:1")
+    cpu_loss, cpu_grads = _mlp_grads("cpu")
+    assert loss.device == torch.device("neuron:1")
+    torch.testing.assert_close(loss.cpu(), cpu_loss)
+    for g, c in zip(grads, cpu_grads, strict=True):
+        assert g.device == torch.device("neuron:1")
+        torch.testing.assert_close(g.detach().cpu(), c.detach())
+    assert torch.neuron.current_device() == 0
+    a = torch.randn(3, device="neuron:0", requires_grad=True)
+    (a.to("neuron:2") * torch.arange(3.0, device="neuron:2")).sum().backward()
+    assert a.grad.device == torch.device("neuron:0")
+    assert torch.equal(a.grad.cpu(), torch.arange(3.0))
+
+
+# ---- autocast ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast(dtype):
+    # CUDA's casting policy (spec 1.3), which differs from CPU autocast's (there softmax stays
+    # in the low dtype), so the reference is computed by hand with the casts CUDA would make.
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    lin = torch.nn.Linear(8, 4)
+    conv_x, conv_w = torch.randn(1, 2, 6), torch.randn(3, 2, 2)
+    m = copy.deepcopy(lin).to("neuron")
+    with torch.autocast(device_type="neuron", dtype=dtype):
+        assert torch.is_autocast_enabled("neuron") and torch.get_autocast_dtype("neuron") == dtype
+        mm = a.to("neuron") @ b.to("neuron")  # lower-precision list
+        out = m(a.to("neuron"))
+        conv = torch.nn.functional.conv1d(conv_x.to("neuron"), conv_w.to("neuron"))
+        soft = torch.softmax(mm, -1)  # fp32 list: computed in float32 from the low dtype
+        logsm = torch.log_softmax(a.to("neuron"), -1)
+        cat = torch.cat([mm, a.to("neuron")])  # promote list: the widest input type
+        loss = torch.nn.functional.mse_loss(out, torch.zeros(8, 4, device="neuron"))
+    assert not torch.is_autocast_enabled("neuron")
+    loss.backward()
+    got = [mm, out, conv, soft, logsm, cat, loss, m.weight.grad]
+    assert [t.dtype for t in got] == [dtype] * 3 + [torch.float32] * 5
+
+    w = lin.weight.detach().to(dtype).requires_grad_()
+    mm_ref = a.to(dtype) @ b.to(dtype)
+    out_ref = torch.nn.functional.linear(a.to(dtype), w, lin.bias.detach().to(dtype))
+    loss_ref = torch.nn.functional.mse_loss(out_ref.float(), torch.zeros(8, 4))
+    loss_ref.backward()
+    want = [mm_ref, out_ref, torch.nn.functional.conv1d(conv_x.to(dtype), conv_w.to(dtype)),
+            torch.softmax(mm_ref.float(), -1), torch.log_softmax(a, -1),
+            torch.cat([mm_ref.float(), a]), loss_ref, w.grad.float()]
+    for name, g, r in zip(["mm", "linear", "conv", "softmax", "log_softmax", "cat", "loss",
+                           "grad"], got, want, strict=True):
+        torch.testing.assert_close(g.detach().cpu(), r.detach().to(g.dtype), msg=name)
+
+
+def test_autocast_bans_binary_cross_entropy():
+    p = torch.rand(4, device="neuron")
+    t = torch.rand(4, device="neuron")
+    with torch.autocast(device_type="neuron", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="unsafe to autocast.*binary_cross_entropy_with_"):
+            torch.nn.functional.binary_cross_entropy(p, t)
+        ok = torch.nn.functional.binary_cross_entropy_with_logits(p, t)
+    assert ok.dtype == torch.float32
+    torch.testing.assert_close(torch.nn.functional.binary_cross_entropy(p, t).cpu(),
+                               torch.nn.functional.binary_cross_entropy(p.cpu(), t.cpu()))
+
+
+# ---- random numbers ----------------------------------------------------------------------------
+
+
+def _draws(dev: str):
+    return [
+        torch.randn(16, device=dev), torch.rand(16, device=dev),
+        torch.randint(0, 100, (16,), device=dev), torch.randperm(12, device=dev),
+        torch.normal(torch.zeros(8, device=dev), 2.0),
+        torch.bernoulli(torch.full((32,), 0.3, device=dev)),
+        torch.empty(8, device=dev).uniform_(-2, 2),
+        torch.multinomial(torch.ones(10, device=dev), 4),
+        torch.nn.functional.dropout(torch.ones(64, device=dev), 0.4),
+    ]
+
+
+@pytest.mark.parametrize("dev", ["neuron:0", "neuron:2"])
+def test_same_seed_same_numbers_as_cpu(dev):
+    torch.manual_seed(1234)
+    want = _draws("cpu")
+    torch.manual_seed(1234)
+    got = _draws(dev)
+    for g, w in zip(got, want, strict=True):
+        assert g.device == torch.device(dev) and g.dtype == w.dtype
+        assert torch.equal(g.cpu(), w)
+    mask = got[-1] != 0  # dropout mask and scaling are CPU's
+    assert 0 < mask.sum().item() < 64
+    torch.testing.assert_close(got[-1][mask].cpu(), torch.full((int(mask.sum()),), 1 / 0.6))
+
+
+def test_rng_streams_are_per_core():
+    torch.manual_seed(0)
+    ref0 = torch.randn(5)
+    torch.manual_seed(7)
+    ref7 = torch.randn(5)
+    torch.manual_seed(0)
+    with torch.neuron.device(1):
+        torch.neuron.manual_seed(7)  # seeds the current core only
+    assert torch.equal(torch.randn(5, device="neuron:0").cpu(), ref0)
+    assert torch.equal(torch.randn(5, device="neuron:1").cpu(), ref7)
+    torch.manual_seed(0)
+    torch.randn(100, device="neuron:0")  # draws on core 0 do not advance core 1
+    assert torch.equal(torch.randn(5, device="neuron:1").cpu(), ref0)
+    states = torch.neuron.get_rng_state_all()
+    first = [torch.rand(3, device=f"neuron:{i}").cpu() for i in range(4)]
+    torch.neuron.set_rng_state_all(states)
+    assert all(torch.equal(torch.rand(3, device=f"neuron:{i}").cpu(), first[i]) for i in range(4))
+    g = torch.Generator(device="neuron").manual_seed(3)
+    assert torch.equal(torch.randn(4, device="neuron", generator=g).cpu(),
+                       torch.randn(4, generator=torch.Generator().manual_seed(3)))
+
+
+# ---- Trainium numerics: 64-bit computed as 32-bit ----------------------------------------------
+
+
+def test_float64_is_computed_as_float32():
+    x = torch.tensor(1.0, dtype=torch.float64)
+    tiny = torch.tensor(1e-10, dtype=torch.float64)
+    torch_neuronx.clear_op_tracking()
+    r = x.to("neuron") + tiny.to("neuron")
+    assert r.dtype == torch.float64 and r.device.type == "neuron"
+    assert r.item() == 1.0 and (x + tiny).item() == 1.0000000001
+    assert torch_neuronx.get_downcast_ops() == {"aten::add.Tensor": 1}
+    cancel = torch.tensor([1e8, 1.0, -1e8], dtype=torch.float64)
+    assert cancel.sum().item() == 1.0 and cancel.to("neuron").sum().item() == 0.0
+    assert neuronlocal.get_downcast_ops() == torch_neuronx.get_downcast_ops()
+    # ordinary values agree with CPU float64 to float32 precision
+    torch.manual_seed(0)
+    a = torch.randn(16, 16, dtype=torch.float64)
+    got = (a.to("neuron") @ a.to("neuron")).exp().sum(0)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got.cpu(), (a @ a).exp().sum(0), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got.cpu(), (a @ a).exp().sum(0))
+    # data movement is exact: no downcast for copies, indexing, concatenation
+    torch_neuronx.clear_op_tracking()
+    big = torch.tensor([2**40 + 1, 3], device="neuron")
+    moved = torch.cat([big, big[:1]]).to("neuron:1")
+    assert moved.tolist() == [2**40 + 1, 3, 2**40 + 1]
+    assert torch_neuronx.get_downcast_ops() == {}
+
+
+def test_int64_keeps_dtype_and_small_values_exact():
+    torch_neuronx.clear_op_tracking()
+    x = torch.arange(10)
+    got = (x.to("neuron") * 3 + 1).sum()
+    assert got.dtype == torch.int64 and got.item() == (x * 3 + 1).sum().item()
+    assert torch_neuronx.get_downcast_ops() == {
+        "aten::mul.Tensor": 1, "aten::add.Tensor": 1, "aten::sum.dim_IntList": 1}
+
+
+def test_downcast_switch_at_run_time(policy):
+    policy(downcast_64bit=False)
+    torch_neuronx.clear_op_tracking()
+    one = torch.ones((), dtype=torch.float64, device="neuron")
+    assert (one + 1e-10).item() == 1.0000000001
+    assert torch_neuronx.get_downcast_ops() == {}
+    policy(downcast_64bit=True)
+    assert (one + 1e-10).item() == 1.0
+
+
+DOWNCAST_SCRIPT = """
+import json, torch, torch_neuronx
+r = torch.ones((), dtype=torch.float64, device="neuron") + 1e-10
+s = torch.tensor([1e8, 1.0, -1e8], dtype=torch.float64, device="neuron").sum()
+print(json.dumps([r.item(), s.item(), str(r.dtype), torch_neuronx.get_downcast_ops()]))
+"""
+
+
+def test_downcast_env_off_in_subprocess(fresh_python):
+    r = fresh_python(DOWNCAST_SCRIPT, env={"NEURONLOCAL_DOWNCAST_64BIT": "0"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1]) == [1.0000000001, 1.0, "torch.float64", {}]
+
+
+# ---- op tracking, CPU fallback and strict mode ---------------------------------------------------
+
+
+def test_executed_ops_tracking():
+    torch_neuronx.clear_op_tracking()
+    assert torch_neuronx.get_executed_ops() == {}
+    a = torch.ones(2, 2).to("neuron")  # a copy only
+    a @ a
+    a @ a
+    a + a
+    ops = torch_neuronx.get_executed_ops()
+    assert ops["aten::mm"] == 2 and ops["aten::add.Tensor"] == 1
+    assert torch_neuronx.get_fallback_ops() == {}
+    torch_neuronx.clear_op_tracking()
+    assert torch_neuronx.get_executed_ops() == {} == torch_neuronx.get_fallback_ops()
+
+
+LINALG = {
+    "aten::linalg_qr": lambda a: torch.linalg.qr(a),
+    "aten::linalg_inv_ex": lambda a: torch.linalg.inv(a),
+    "aten::linalg_cholesky_ex": lambda a: torch.linalg.cholesky(a),
+    "aten::_linalg_det": lambda a: torch.linalg.det(a),
+    "aten::_linalg_slogdet": lambda a: torch.linalg.slogdet(a),
+}
+
+
+def _spd(dev: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    m = torch.randn(4, 4, generator=g)
+    return (m @ m.T + 4 * torch.eye(4)).to(dev)
+
+
+def test_linear_algebra_is_recorded_as_fallback():
+    a, ref = _spd("neuron:1"), _spd("cpu")
+    torch_neuronx.clear_op_tracking()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for op, f in LINALG.items():
+            got, want = f(a), f(ref)
+            for g, w in zip(torch.utils._pytree.tree_leaves(got),
+                            torch.utils._pytree.tree_leaves(want), strict=True):
+                assert g.device == torch.device("neuron:1"), op
+                torch.testing.assert_close(g.cpu(), w, msg=op)
+        torch.linalg.inv(a)
+    fallback = torch_neuronx.get_fallback_ops()
+    assert fallback == {**dict.fromkeys(LINALG, 1), "aten::linalg_inv_ex": 2}
+    assert set(fallback) <= set(torch_neuronx.get_executed_ops())
+
+
+WARN_SCRIPT = """
+import json, warnings, torch
+warnings.simplefilter("always")
+a = torch.eye(3, device="neuron") * 2
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        torch.linalg.qr(a); torch.linalg.inv(a); torch.linalg.det(a)
+print(json.dumps([str(w.message) for w in caught]))
+"""
+
+
+def test_one_fallback_warning_per_op(fresh_python):
+    r = fresh_python(WARN_SCRIPT)
+    assert r.returncode == 0, r.stderr
+    messages = json.loads(r.stdout.splitlines()[-1])
+    fallback = sorted(m.split()[0] for m in messages if "executed via CPU fallback" in m)
+    assert fallback == ["aten::_linalg_det", "aten::linalg_inv_ex", "aten::linalg_qr"]
+
+
+def test_strict_policy_at_run_time(policy):
+    a = _spd("neuron")
+    policy(strict=True)
+    with pytest.raises(RuntimeError, match="aten::linalg_inv_ex has no Trainium kernel.*"
+                                           "NEURONLOCAL_STRICT=1 makes CPU fallbacks errors"):
+        torch.linalg.inv(a)
+    with pytest.raises(RuntimeError, match="aten::sum.* 64-bit floating point.*Cast to float32"):
+        torch.ones(3, dtype=torch.float64, device="neuron").sum()
+    assert (a @ a).sum().item() == pytest.approx((_spd("cpu") @ _spd("cpu")).sum().item())
+    policy(strict=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(torch.linalg.inv(a).cpu(), torch.linalg.inv(_spd("cpu")))
+
+
+STRICT_SCRIPT = """
+import json, torch
+out = {}
+a = torch.eye(3, device="neuron") * 2
+for name, f in {"inv": lambda: torch.linalg.inv(a),
+                "f64": lambda: torch.ones(2, dtype=torch.float64, device="neuron") * 3,
+                "randn": lambda: torch.randn(2, device="neuron")}.items():
+    try:
+        f()
+        out[name] = "ok"
+    except RuntimeError as e:
+        out[name] = str(e)
+out["f32"] = (a @ a).sum().item()
+out["f64_copy"] = torch.ones(2, dtype=torch.float64).to("neuron").cpu().tolist()
+out["dropout"] = torch.nn.functional.dropout(torch.ones(8, device="neuron"), 0.5).shape[0]
+print(json.dumps(out))
+"""
+
+
+def test_strict_env_in_subprocess(fresh_python):
+    r = fresh_python(STRICT_SCRIPT, env={"NEURONLOCAL_STRICT": "1"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["inv"].startswith("aten::linalg_inv_ex has no Trainium kernel: TorchNeuron runs "
+                                 "it on CPU. NEURONLOCAL_STRICT=1 makes CPU fallbacks errors")
+    assert out["f64"].startswith("aten::mul.Tensor got a 64-bit floating point tensor: Trainium "
+                                 "computes float64 as float32. Cast to float32")
+    assert out["randn"].startswith("aten::normal_ has no Trainium kernel")
+    assert out["f32"] == 12.0 and out["f64_copy"] == [1.0, 1.0] and out["dropout"] == 8
+
+
+# ---- bad configuration --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("var", "raw", "message"), [
+    ("NEURONLOCAL_INSTANCE", "trn9.huge", "NEURONLOCAL_INSTANCE='trn9.huge' is unknown; choose "
+                                          "one of trn2.3xlarge"),
+    ("NEURON_LOGICAL_NC_CONFIG", "4", "NEURON_LOGICAL_NC_CONFIG='4' is not supported; Trainium "
+                                      "supports 1 or 2"),
+    ("NEURON_RT_VISIBLE_CORES", "0-9", "NEURON_RT_VISIBLE_CORES='0-9' names core(s) [4, 5, 6, 7, "
+                                       "8, 9], but the emulated instance has 4 logical cores"),
+    ("NEURON_RT_VISIBLE_CORES", "x", "'x' is not a core id or range; use e.g. '0-3'"),
+    ("NEURONLOCAL_STRICT", "maybe", "NEURONLOCAL_STRICT='maybe' is not a boolean; use 1 or 0."),
+    ("NEURONLOCAL_DOWNCAST_64BIT", "2", "NEURONLOCAL_DOWNCAST_64BIT='2' is not a boolean"),
+    ("TORCH_NEURONX_LOG_LEVEL", "loud", "TORCH_NEURONX_LOG_LEVEL='loud' is not a number (0-3)"),
+    ("NEURONLOCAL_HBM_PER_CORE", "lots", "NEURONLOCAL_HBM_PER_CORE='lots' is not a size; use e.g."),
+])
+def test_invalid_env_names_problem_and_fix(monkeypatch, var, raw, message):
+    for name in ("NEURONLOCAL_INSTANCE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES",
+                 "NEURONLOCAL_STRICT", "NEURONLOCAL_DOWNCAST_64BIT", "TORCH_NEURONX_LOG_LEVEL",
+                 "NEURONLOCAL_HBM_PER_CORE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(var, raw)
+    with pytest.raises(ConfigError) as info:
+        hardware.profile(Config.from_env())
+    assert message in str(info.value)
+
+
+def test_invalid_env_fails_import_with_the_message(fresh_python):
+    r = fresh_python("import torch", env={"NEURONLOCAL_INSTANCE": "trn9.huge"})
+    assert r.returncode != 0
+    assert "ConfigError: NEURONLOCAL_INSTANCE='trn9.huge' is unknown; choose one of" in r.stderr

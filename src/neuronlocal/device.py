@@ -270,6 +270,10 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 def __getattr__(name: str) -> Any:
     if name == "default_generators":
         return default_generators_tuple()
+    if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):
+        from neuronlocal.compile import metrics  # imported lazily: keeps `import torch` fast
+
+        return getattr(metrics, name)
     raise AttributeError(name)
 
 

@@ -3,6 +3,11 @@
 
 #include <torch/extension.h>
 
+namespace neuron {
+std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args);
+std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index);
+}  // namespace neuron
+
 namespace {
 
 void init(int device_count, const std::vector<int64_t>& budgets, const std::string& hint) {
@@ -37,4 +42,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_ops", &neuron::fallback_ops);
   m.def("_downcast_ops", &neuron::downcast_ops);
   m.def("_clear_op_tracking", &neuron::clear_op_tracking);
+  m.def("_bridge_in", &neuron::bridge_in, "neuron tensors -> CPU aliases (and the core index)");
+  m.def("_bridge_out", &neuron::bridge_out, "CPU results -> neuron tensors on a core");
 }

@@ -1,0 +1,97 @@
+"""Compile metrics: one record per compiled graph, plus Dynamo's recompiles and graph breaks.
+
+`get_dynamo_metrics()` mirrors TorchNeuron's helper (spec 3.6): graph id, name, node count,
+input shapes, compile seconds, cache hit or miss, has-collectives. Recompile reasons (the
+guard that failed) and graph breaks (with reasons) come from Dynamo's own records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class GraphRecord:
+    graph_id: int
+    graph_name: str
+    model_name: str | None
+    node_count: int
+    input_shapes: list[tuple[int, ...]]
+    input_dtypes: list[str]
+    compile_seconds: float
+    cache: str  # "hit" (memory or disk) or "miss"
+    cache_key: str
+    has_collectives: bool
+    kind: str = "static"  # "static", or "specialized" when cut from a symbolic Dynamo graph
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_lock = threading.Lock()
+_records: list[GraphRecord] = []
+_model_name: str | None = None
+
+
+def set_model_name(name: str | None) -> None:
+    """Names the graphs compiled from now on (TorchNeuron's `set_model_name`)."""
+    global _model_name
+    _model_name = name
+
+
+def get_model_name() -> str | None:
+    return _model_name
+
+
+def next_graph_id() -> int:
+    with _lock:
+        return len(_records)
+
+
+def record(rec: GraphRecord) -> None:
+    with _lock:
+        _records.append(rec)
+
+
+def get_dynamo_metrics() -> dict[str, Any]:
+    """Everything the compiler did in this process, as plain data."""
+    with _lock:
+        graphs = [r.as_dict() for r in _records]
+    return {
+        "graphs": graphs,
+        "num_graphs": len(graphs),
+        "num_compiles": sum(1 for g in graphs if g["cache"] == "miss"),
+        "num_cache_hits": sum(1 for g in graphs if g["cache"] != "miss"),
+        "compile_seconds": sum(g["compile_seconds"] for g in graphs),
+        "recompiles": recompile_reasons(),
+        "graph_breaks": graph_breaks(),
+    }
+
+
+def reset_dynamo_metrics() -> None:
+    with _lock:
+        _records.clear()
+    torch._dynamo.utils.counters["graph_break"].clear()
+    torch._dynamo.utils.clear_compilation_metrics()
+
+
+def recompile_reasons() -> list[dict[str, Any]]:
+    """Dynamo's recompilations: the function and the guard that failed (e.g. a size)."""
+    out = []
+    for m in torch._dynamo.utils.get_compilation_metrics():
+        reason = getattr(m, "recompile_reason", None)
+        if reason:
+            out.append({"function": m.co_name, "reason": reason, "frame_key": m.frame_key})
+    return out
+
+
+def graph_breaks() -> list[dict[str, Any]]:
+    """Graph breaks seen by Dynamo, with their reasons and counts."""
+    return [{"reason": reason, "count": count}
+            for reason, count in torch._dynamo.utils.counters["graph_break"].items()]

@@ -1,0 +1,305 @@
+"""torch.compile(backend="neuron"): numerics vs CPU, static shapes, cache, failure policy."""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from neuronlocal.compile import metrics
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
+    torch._dynamo.reset()
+    metrics.reset_dynamo_metrics()
+    from neuronlocal.compile.backend import _CACHE
+
+    _CACHE.memory.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def compiles() -> int:
+    return torch.neuron.get_dynamo_metrics()["num_graphs"]
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+
+
+def check_train_step(cpu_model: nn.Module, inputs: tuple, atol: float = 1e-4) -> None:
+    """Compiled fwd+bwd on neuron matches eager on CPU (outputs and grads)."""
+    dev_model = copy.deepcopy(cpu_model).to("neuron")
+    out_c = cpu_model(*inputs)
+    out_n = torch.compile(dev_model, backend="neuron")(*(x.to("neuron") for x in inputs))
+    assert out_n.device.type == "neuron"
+    torch.testing.assert_close(out_n.cpu(), out_c, atol=atol, rtol=1e-4)
+    out_c.float().square().mean().backward()
+    out_n.float().square().mean().backward()
+    for (name, pc), pn in zip(cpu_model.named_parameters(), dev_model.parameters(), strict=True):
+        assert pn.grad is not None and pn.grad.device.type == "neuron", name
+        torch.testing.assert_close(pn.grad.cpu(), pc.grad, atol=atol, rtol=1e-3, msg=name)
+
+
+def test_backend_via_entry_point():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("neuron").__name__ == "neuron_backend"
+
+
+def test_mlp_forward_backward():
+    check_train_step(mlp(), (torch.randn(4, 16),))
+
+
+def test_conv_net():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    check_train_step(net, (torch.randn(2, 3, 8, 8),))
+
+
+def _hf_model(kind: str) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4,
+                                      n_positions=64, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+        model = transformers.GPT2LMHeadModel(cfg)
+    return model
+
+
+class _Logits(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids).logits
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_hf_models(kind):
+    ids = torch.randint(0, 128, (2, 16))
+    check_train_step(_Logits(_hf_model(kind)), (ids,), atol=2e-4)
+
+
+def test_training_matches_eager_over_steps():
+    cpu = mlp()
+    dev = copy.deepcopy(cpu).to("neuron")
+    step = torch.compile(lambda m, x: m(x).square().mean(), backend="neuron")
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_n = torch.optim.SGD(dev.parameters(), lr=0.1)
+    for _ in range(3):
+        x = torch.randn(4, 16)
+        loss_c = cpu(x).square().mean()
+        loss_n = step(dev, x.to("neuron"))
+        loss_c.backward()
+        loss_n.backward()
+        opt_c.step()
+        opt_n.step()
+        opt_c.zero_grad()
+        opt_n.zero_grad()
+        torch.testing.assert_close(loss_n.cpu(), loss_c, atol=1e-5, rtol=1e-5)
+
+
+def test_static_shapes_compile_once_per_shape():
+    fn = torch.compile(lambda x: (x * 2).sum(-1), backend="neuron")
+    x = torch.randn(4, 8, device="neuron")
+    fn(x)
+    fn(x + 1)
+    assert compiles() == 1
+    fn(torch.randn(4, 9, device="neuron"))
+    assert compiles() == 2
+    for n in (10, 11, 10):
+        out = fn(torch.ones(4, n, device="neuron"))
+        assert out.device.type == "neuron" and out[0].item() == 2 * n
+    assert compiles() == 4  # 10 and 11 are new; 10 again is not
+    kinds = {g["kind"] for g in torch.neuron.get_dynamo_metrics()["graphs"]}
+    assert kinds <= {"static", "specialized"}
+
+
+def test_dynamic_true_rejected():
+    fn = torch.compile(lambda x: x + 1, backend="neuron", dynamic=True)
+    with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):
+        fn(torch.randn(3, device="neuron"))
+
+
+def test_mode_warns_and_acts_as_default():
+    fn = torch.compile(lambda x: x.relu(), backend="neuron", mode="max-autotune")
+    with pytest.warns(UserWarning, match="max-autotune"):
+        out = fn(torch.randn(5, device="neuron"))
+    assert out.device.type == "neuron"
+
+
+def test_graph_break_fullgraph_false():
+    def f(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    x = torch.randn(6, device="neuron")
+    out = torch.compile(f, backend="neuron")(x)
+    torch.testing.assert_close(out.cpu(), x.cpu().sin().cos())
+    m = torch.neuron.get_dynamo_metrics()
+    assert m["num_graphs"] == 2
+    assert m["graph_breaks"], "graph break reasons are recorded"
+    torch._dynamo.reset()  # the cached frames would satisfy the fullgraph call without tracing
+    with pytest.raises(Exception, match="graph_break|graph break|Unsupported"):
+        torch.compile(f, backend="neuron", fullgraph=True)(x)
+
+
+def test_cpu_inputs_are_copied(monkeypatch):
+    """A graph compiled for neuron takes CPU inputs and returns neuron outputs (spec 3.4)."""
+    fn = torch.compile(lambda x, y: x + y, backend="neuron")
+    out = fn(torch.ones(3), torch.ones(3))
+    assert out.device.type == "neuron" and out.sum().item() == 6
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "1")
+    with pytest.raises(Exception, match="DISABLE_CPU_AUTOCOPY"):
+        torch.compile(lambda x, y: x - y, backend="neuron")(torch.ones(3), torch.ones(3))
+
+
+def test_failure_policy(monkeypatch):
+    from torch._inductor import lowering
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected codegen failure")
+
+    monkeypatch.setitem(lowering.lowerings, torch.ops.aten.cosh.default, boom)
+    f = torch.compile(lambda x: torch.cosh(x) + 1, backend="neuron")
+    with pytest.raises(Exception, match="could not compile graph") as info:
+        f(torch.randn(3, device="neuron"))
+    assert "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION" in str(info.value)
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    x = torch.randn(3, device="neuron")
+    with pytest.warns(UserWarning, match="running it eagerly"):
+        out = torch.compile(lambda x: torch.cosh(x) + 1, backend="neuron")(x)
+    torch.testing.assert_close(out.cpu(), torch.cosh(x.cpu()) + 1)
+
+
+def test_dropout_in_compiled_graph():
+    drop = torch.compile(lambda x: nn.functional.dropout(x, 0.5, training=True), backend="neuron")
+    out = drop(torch.ones(20000, device="neuron")).cpu()
+    kept = (out != 0).float().mean().item()
+    assert 0.47 < kept < 0.53
+    assert set(out.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_metrics_fields():
+    torch.compile(lambda x: x @ x, backend="neuron")(torch.randn(4, 4, device="neuron"))
+    g = torch.neuron.get_dynamo_metrics()["graphs"][0]
+    for k in ("graph_id", "graph_name", "node_count", "input_shapes", "compile_seconds", "cache",
+              "has_collectives"):
+        assert k in g
+    assert g["input_shapes"] == [(4, 4)] and g["cache"] in {"hit", "miss"}
+    torch.neuron.reset_dynamo_metrics()
+    assert compiles() == 0
+
+
+def test_recompile_reason_recorded():
+    fn = torch.compile(lambda x, n: x * n, backend="neuron")
+    x = torch.randn(3, device="neuron")
+    fn(x, 2)
+    fn(x, 3)
+    reasons = torch.neuron.get_dynamo_metrics()["recompiles"]
+    assert reasons and any("n" in r["reason"] for r in reasons)
+
+
+_WARM = """
+import os, torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to("neuron")
+out = torch.compile(m, backend="neuron")(torch.ones(2, 8, device="neuron"))
+out.sum().backward()
+import json
+g = torch.neuron.get_dynamo_metrics()["graphs"]
+print(json.dumps([x["cache"] for x in g]))
+"""
+
+
+def _run(fresh_python, tmp_path, code=_WARM):
+    env = {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
+    r = fresh_python(code, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r
+
+
+def test_warm_cache_in_new_process(fresh_python, tmp_path):
+    cold, _ = _run(fresh_python, tmp_path)
+    assert cold == ["miss"]
+    warm, _ = _run(fresh_python, tmp_path)
+    assert warm == ["hit"]
+
+
+def test_corrupt_entry_recompiles(fresh_python, tmp_path):
+    _run(fresh_python, tmp_path)
+    entries = list((tmp_path / "neff").glob("*.neff"))
+    assert entries
+    for e in entries:
+        e.write_bytes(e.read_bytes()[:10])  # truncated
+    again, r = _run(fresh_python, tmp_path)
+    assert again == ["miss"] and "corrupt" in r.stderr
+    assert all(json.loads(e.read_bytes())["key"] for e in (tmp_path / "neff").glob("*.neff"))
+
+
+def test_concurrent_writers(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
+    procs = [subprocess.Popen([sys.executable, "-c", _WARM], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(r[0] for r in results) in (["hit", "miss"], ["miss", "miss"])
+    entries = list((tmp_path / "neff").glob("*.neff"))
+    assert entries and all(json.loads(e.read_bytes())["format"] == 1 for e in entries)
+
+
+def test_cache_disabled(fresh_python, tmp_path):
+    code = _WARM
+    env = {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_DISABLE_NEFF_CACHE": "1"}
+    r = fresh_python(code, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not list(Path(tmp_path / "neff").glob("*.neff"))
+
+
+def test_bucketing():
+    from neuronlocal.compile.bucketing import pad_to_bucket, suggest_buckets
+
+    ids = torch.ones(2, 13, dtype=torch.long)
+    padded, mask = pad_to_bucket(ids, [8, 16, 32])
+    assert padded.shape == (2, 16) and mask.sum().item() == 26
+    with pytest.raises(ValueError, match="largest bucket"):
+        pad_to_bucket(torch.ones(1, 40, dtype=torch.long), [8, 16, 32])
+    assert suggest_buckets([5, 9, 17]) == [8, 16, 24]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = torch.compile(lambda i, m: (i * m).sum(), backend="neuron")
+        for n in (3, 5, 7, 9, 11):
+            fn(*(t.to("neuron") for t in pad_to_bucket(torch.ones(1, n, dtype=torch.long),
+                                                        [8, 16])))
+    assert compiles() == 2

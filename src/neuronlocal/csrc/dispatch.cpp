@@ -11,6 +11,7 @@
 #include "neuron.h"
 
 #include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/resize_native.h>
@@ -222,6 +223,9 @@ struct Call {
         break;
       }
     }
+    // Before any storage access: sparse and other layouts have no storage.
+    TORCH_CHECK(r.layout() == at::kStrided, "neuron supports strided tensors only; ", info.name,
+                " returned a ", r.layout(), " tensor. Run this op on CPU.");
     auto* sti = r.storage().unsafeGetStorageImpl();
     for (auto& x : inputs) {
       if (x.alias.storage().unsafeGetStorageImpl() == sti) return make_neuron(x.neuron.storage(), r);
@@ -229,8 +233,6 @@ struct Call {
     for (auto& [cpu, st] : adopted) {
       if (cpu == sti) return make_neuron(st, r);
     }
-    TORCH_CHECK(r.layout() == at::kStrided, "neuron supports strided tensors only; ", info.name,
-                " returned a ", r.layout(), " tensor. Run this op on CPU.");
     if (r._is_zerotensor()) r = at::zeros(r.sizes(), r.options());
     auto st = r.scalar_type();
     if ((downcast_f && (st == at::kFloat || st == at::kComplexFloat)) ||
@@ -424,6 +426,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
 
 void record_stream(at::Tensor& /*self*/, c10::Stream /*s*/) {}
 
+// Lets `param.data = neuron_tensor` swap a CPU parameter in place, as for CUDA, so
+// Module.to("neuron") keeps Parameter identity and tied weights stay tied.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && (t.device().type() == kNeuron || t.device().is_cpu());
+  };
+  return dense(self) && dense(from);
+}
+
+// scaled_dot_product_attention asks a DispatchStub which fused kernel to use; without a
+// PrivateUse1 entry it takes the unfused math path, whose numerics differ from CPU's.
+// Neuron makes CPU's choice (on aliases), so SDPA runs CPU's flash kernel, forward and
+// backward, through the fallback.
+// The choice depends on requires_grad (fused kernels are not differentiable w.r.t. every
+// input), so the aliases carry it.
+at::Tensor choice_alias(const at::Tensor& t) {
+  auto a = t.device().type() == kNeuron ? cpu_alias(t) : t.detach();
+  if (t.requires_grad()) a.requires_grad_(true);
+  return a;
+}
+
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  // Under FakeTensorMode (torch.compile tracing) the inputs are fakes: the choice only
+  // reads metadata, so ask CPU directly, below the Python mode that would reject aliases.
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  std::optional<at::Tensor> m;
+  if (mask && mask->defined()) m = choice_alias(*mask);
+  return at::_fused_sdp_choice(choice_alias(q), choice_alias(k), choice_alias(v), m, dropout_p,
+                               is_causal, scale, enable_gqa);
+}
+
 std::vector<std::unique_ptr<torch::Library>>& direct_libs() {
   static auto* v = new std::vector<std::unique_ptr<torch::Library>>();
   return *v;
@@ -517,7 +553,9 @@ void register_kernels() {
   lib->impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   lib->impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
   lib->impl("record_stream", TORCH_FN(record_stream));
+  lib->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   direct_libs().push_back(std::move(lib));
+  at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&fused_sdp_choice);
   auto fb = std::make_unique<torch::Library>(torch::Library::IMPL, "_",
                                              c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   fb->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());

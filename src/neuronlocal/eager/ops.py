@@ -42,15 +42,30 @@ def status(op: str) -> str:
     return "native"
 
 
-def structured_ops() -> list[str]:
-    """Ops whose neuron entry would decompose into `empty` + `out=` (structured kernels).
+# Composite (CompositeExplicitAutograd) kernels that reject tensors on devices they do not
+# know ("mode only supports CPU, CUDA and XPU device type"): the fallback is registered
+# directly, so they run on CPU aliases like every other op.
+DEVICE_CHECKING_COMPOSITES: tuple[str, ...] = ("mode.values",)
 
-    They get the fallback registered directly, so each costs one dispatch instead of two.
+
+def structured_ops() -> list[str]:
+    """Ops with a CPU kernel whose neuron entry would otherwise run a composite instead.
+
+    - structured kernels (CompositeExplicitAutogradNonFunctional) would decompose into
+      `empty` + `out=`: direct, each costs one dispatch instead of two;
+    - ops with both a CompositeExplicitAutograd and a CPU kernel (native_layer_norm,
+      native_group_norm, addr, _stack, ...) would run the composite, whose numerics differ
+      from CPU's fused kernel: direct, neuron computes exactly what CPU does.
+
+    They get the fallback registered directly (unless neuron has its own kernel).
     """
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     names = []
     for name in torch._C._dispatch_get_all_op_names():
-        if name.startswith("aten::") and has(name, "CompositeExplicitAutogradNonFunctional") \
-                and has(name, "CPU"):
+        if not name.startswith("aten::") or not has(name, "CPU") or has(name, "PrivateUse1"):
+            continue
+        if has(name, "CompositeExplicitAutogradNonFunctional") \
+                or has(name, "CompositeExplicitAutograd"):
             names.append(name[len("aten::"):])
+    names += [n for n in DEVICE_CHECKING_COMPOSITES if not has(f"aten::{n}", "PrivateUse1")]
     return sorted(names)

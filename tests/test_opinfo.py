@@ -1,0 +1,112 @@
+"""PyTorch's OpInfo database on neuron vs CPU (logic: neuronlocal.support.opinfo_sweep).
+
+- `test_opinfo_ci`: a fixed subset (CI_OPS), a few samples per pair, runs by default.
+- `test_opinfo_full`: every OpInfo of op_db, all samples; marked slow and run only when
+  selected (`pytest -m slow`) or with NEURONLOCAL_OPINFO_FULL=1.
+  `tools/op_support.py` runs the same sweep and writes docs/op-support.md.
+
+Both run with the 64-bit downcast policy off (exact int64); `test_downcast_policy_on`
+checks the default policy separately.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import neuronlocal
+from neuronlocal.support import opinfo_sweep as sweep
+
+
+def _params(names: tuple[str, ...] | None) -> list:
+    params = []
+    for op, dtype in sweep.cases(names):
+        name = sweep.op_name(op)
+        marks = []
+        if name in sweep.KNOWN_FAILURES:
+            marks.append(pytest.mark.xfail(reason=sweep.KNOWN_FAILURES[name], strict=False))
+        params.append(pytest.param(op, dtype, id=f"{name}-{dtype}", marks=marks))
+    return params
+
+
+def _check(op, dtype: str, max_samples: int | None) -> None:
+    r = sweep.run_case(op, dtype, max_samples)
+    if r.status == "skip":
+        pytest.skip(r.detail)
+    if r.status == "cpu-fail":
+        pytest.skip(f"fails on CPU too: {r.detail}")
+    if r.status == "fail":
+        pytest.fail(f"{r.id}: neuron-only failure: {r.detail}", pytrace=False)
+    assert r.samples > 0
+
+
+@pytest.mark.parametrize(("op", "dtype"), _params(sweep.CI_OPS))
+def test_opinfo_ci(op, dtype):
+    _check(op, dtype, sweep.CI_MAX_SAMPLES)
+
+
+@pytest.fixture
+def _full_sweep_selected(request):
+    markexpr = request.config.getoption("markexpr", "") or ""
+    if "slow" not in markexpr and os.environ.get("NEURONLOCAL_OPINFO_FULL") != "1":
+        pytest.skip("full OpInfo sweep: select it with -m slow or NEURONLOCAL_OPINFO_FULL=1")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("_full_sweep_selected")
+@pytest.mark.parametrize(("op", "dtype"), _params(None))
+def test_opinfo_full(op, dtype):
+    _check(op, dtype, None)
+
+
+def test_ci_subset_is_fixed_and_known():
+    by_name = sweep.ops_by_name()
+    missing = [n for n in sweep.CI_OPS if n not in by_name]
+    assert not missing, f"CI_OPS names not in op_db: {missing}"
+    assert 60 <= len(sweep.CI_OPS) <= 100
+    for table in (sweep.SKIPS, sweep.KNOWN_FAILURES, sweep.VALUE_SKIPS, sweep.CPU_ARGS):
+        assert all(isinstance(r, str) and r for r in table.values()), "every skip has a reason"
+
+
+def test_sweep_restores_policy():
+    before = neuronlocal.config
+    with sweep.sweep_policy():
+        assert neuronlocal.config.downcast_64bit is False
+    assert neuronlocal.config.downcast_64bit == before.downcast_64bit
+    assert neuronlocal.config.strict == before.strict
+
+
+def test_downcast_policy_on():
+    """The sweep runs with the policy off; here the default (on) is exercised: int64 and
+    float64 are computed in 32 bits, results come back in the caller's dtype."""
+    import torch_neuronx
+    from neuronlocal.eager import set_policy
+
+    cfg = neuronlocal.config
+    set_policy(downcast_64bit=True)
+    try:
+        torch_neuronx.clear_op_tracking()
+        a = torch.arange(10, dtype=torch.int64)
+        b = torch.full((10,), 3, dtype=torch.int64)
+        r = a.to("neuron") * b.to("neuron")
+        assert r.dtype == torch.int64 and r.device.type == "neuron"
+        assert torch.equal(r.cpu(), a * b)
+        # int32 arithmetic wraps where int64 would not (what Trainium computes).
+        big = torch.tensor([2**31 - 1], dtype=torch.int64)
+        assert (big.to("neuron") + 1).item() == -(2**31)
+        x = torch.randn(8, dtype=torch.float64)
+        y = x.to("neuron").exp()
+        assert y.dtype == torch.float64
+        torch.testing.assert_close(y.cpu(), x.float().exp().double())
+        assert "aten::mul.Tensor" in torch_neuronx.get_downcast_ops()
+        assert "aten::exp" in torch_neuronx.get_downcast_ops()
+        # Data movement is exact: no downcast for copies.
+        huge = torch.tensor([2**40], dtype=torch.int64)
+        assert huge.to("neuron").clone().item() == 2**40
+        # And the sweep really turns it off.
+        with sweep.sweep_policy():
+            assert (big.to("neuron") + 1).item() == 2**31
+    finally:
+        set_policy(downcast_64bit=cfg.downcast_64bit)

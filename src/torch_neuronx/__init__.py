@@ -19,13 +19,13 @@ from neuronlocal.device import (
     reset_peak_memory_stats,
     synchronize,
 )
-from neuronlocal.kernels.api import nki_op, wrap_nki
 from neuronlocal.eager.tracking import (
     clear_op_tracking,
     get_downcast_ops,
     get_executed_ops,
     get_fallback_ops,
 )
+from neuronlocal.kernels.api import nki_op, wrap_nki
 
 __version__ = "2.13.3.0+neuronlocal." + neuronlocal.__version__
 __all__ = [

@@ -7,7 +7,9 @@ imports this package. Importing it registers everything, once, in this order:
 2. rename PrivateUse1 to `neuron`;
 3. start the C++ core: device guard, hooks, HBM allocator, eager kernels (neuronlocal._C);
 4. eager policy: CPU-fallback op list, 64-bit policy, direct kernels (eager);
-5. register `torch.neuron` (device) and generate `.neuron()` methods.
+5. register `torch.neuron` (device) and generate `.neuron()` methods;
+6. c10d backend `neuron` and functional-collective kernels (distributed), if available;
+7. Hugging Face glue: lazy import hooks, nothing imported now (hf).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from neuronlocal import hardware
 from neuronlocal.config import Config
 
 config: Config = Config.from_env()
+
+from neuronlocal.report import logs as _logs  # noqa: E402
+
+_logs.configure(config.log_level)  # TORCH_NEURONX_LOG_LEVEL
 profile: hardware.Profile = hardware.profile(config)
 
 torch.utils.rename_privateuse1_backend("neuron")
@@ -41,6 +47,11 @@ torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
 )
 device.init()
+
+from neuronlocal import hf  # noqa: E402
+
+hf.register()
+__import__("neuronlocal.distributed").distributed.register()
 
 __version__ = "0.1.0"
 __all__ = [

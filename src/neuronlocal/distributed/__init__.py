@@ -1,0 +1,82 @@
+"""Distributed: the `neuron` c10d backend (spec section 4) and functional collectives.
+
+`register()` is called once from `neuronlocal/__init__.py`. It registers backend `neuron`
+for device type `neuron`, so both `init_process_group(backend="neuron")` and a bare
+`init_process_group()` on a neuron job (PyTorch picks the accelerator's default backend)
+get it. Under torchrun the first group binds the rank to its logical core (`bind_rank`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from neuronlocal.distributed.backend import (
+    BACKEND,
+    NeuronCollectiveError,
+    NeuronProcessGroup,
+    NeuronWork,
+    make_creator,
+)
+
+__all__ = ["BACKEND", "NeuronCollectiveError", "NeuronProcessGroup", "NeuronWork",
+           "bind_rank", "register"]
+
+_bound = False
+
+
+def bind_rank() -> None:
+    """Binds this rank to `neuron:LOCAL_RANK` and checks the node has enough logical cores.
+
+    TorchNeuron sets NEURON_RT_VISIBLE_CORES=LOCAL_RANK before its runtime starts, so each
+    rank sees one core as `neuron:0`. Here the device table is built when `import torch`
+    runs, before init_process_group, so instead the rank keeps every core visible and makes
+    `neuron:LOCAL_RANK` its current device (what `"neuron"` means from then on, as with
+    CUDA). A rank started with one visible core uses `neuron:0`. NEURON_RT_VISIBLE_CORES is
+    set to the rank's core for processes it starts, as TorchNeuron does.
+    """
+    global _bound
+    if _bound:
+        return
+    raw = os.environ.get("LOCAL_RANK")
+    if raw in (None, ""):
+        _bound = True  # not launched by torchrun: the script picks its device
+        return
+    import neuronlocal
+
+    prof = neuronlocal.profile
+    local_rank = int(raw)
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE") or local_rank + 1)
+    where = f"the emulated instance {prof.instance} (LNC={prof.lnc})"
+    if local_size > prof.total_cores:
+        raise RuntimeError(
+            f"neuron backend: torchrun started {local_size} ranks on this node, but {where} "
+            f"has {prof.total_cores} logical NeuronCores and TorchNeuron runs one rank per "
+            f"core. Use --nproc-per-node <= {prof.total_cores}, or emulate a larger instance "
+            "(NEURONLOCAL_INSTANCE=trn2.48xlarge) or LNC=1 (NEURON_LOGICAL_NC_CONFIG=1).")
+    if prof.device_count == 1:
+        index = 0
+    elif local_rank < prof.device_count:
+        index = local_rank
+    else:
+        raise RuntimeError(
+            f"neuron backend: LOCAL_RANK={local_rank} but this process sees only "
+            f"{prof.device_count} logical cores (NEURON_RT_VISIBLE_CORES="
+            f"{os.environ.get('NEURON_RT_VISIBLE_CORES', 'all')}). Leave "
+            "NEURON_RT_VISIBLE_CORES unset, or set it to one core per rank.")
+    torch.neuron.set_device(index)
+    os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(prof.visible[index]))
+    _bound = True
+
+
+def register() -> None:
+    """Registers backend `neuron` for device `neuron` and the functional-collective kernels."""
+    if not dist.is_available() or BACKEND.upper() in dist.Backend._plugins:
+        return
+    from neuronlocal.distributed import functional
+
+    dist.Backend.register_backend(BACKEND, make_creator(bind_rank), extended_api=True,
+                                  devices=["neuron"])
+    functional.register()

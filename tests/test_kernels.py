@@ -143,3 +143,144 @@ def test_bad_input_errors_name_the_fix():
         K.attention(q, torch.randn(1, 2, 4, 8, device=DEV), torch.randn(1, 2, 4, 8, device=DEV))
     with pytest.raises(ValueError, match="namespace::op_name"):
         K.nki_op("no_namespace")
+
+
+# ------------------------------------------------------------------ nki_op
+
+@K.nki_op("test_kernels::scaled_add", mutates_args=())
+def scaled_add(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x + alpha * y
+
+
+@K.nki_op("test_kernels::add_into", mutates_args={"out"})
+def add_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.add_(x)
+
+
+def _sa_setup(ctx, inputs, output):
+    ctx.alpha = inputs[2]
+
+
+scaled_add.register_autograd(lambda ctx, g: (g, g * ctx.alpha, None), setup_context=_sa_setup)
+
+
+def test_nki_op_eager_autograd_and_mutation():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    check_fwd_bwd(lambda a, b: a + 2.5 * b, lambda a, b: scaled_add(a, b, 2.5), [x, y])
+    out = torch.zeros(3, 4, device=DEV)
+    add_into(x.to(DEV), out)
+    torch.testing.assert_close(out.cpu(), x)
+    # fake implementation: shape/dtype inference without data
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        f = scaled_add(torch.empty(5, 2, device=DEV), torch.empty(5, 2, device=DEV), 1.0)
+    assert f.shape == (5, 2) and f.device.type == "neuron"
+
+
+def test_torch_neuronx_exposes_nki_op():
+    import torch_neuronx
+
+    assert torch_neuronx.nki_op is K.nki_op
+    launcher = torch_neuronx.wrap_nki(lambda a: a * 2)[(1,)]
+    torch.testing.assert_close(launcher(torch.ones(2, device=DEV)).cpu(), torch.full((2,), 2.0))
+
+
+def test_nki_op_is_one_node_under_compile(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        from neuronlocal.compile.backend import neuron_backend
+        return neuron_backend(gm, example_inputs)
+
+    def f(x, w, g, u):
+        return K.rms_norm(x, w) + K.silu_and_mul(g, u).sum(-1, keepdim=True)
+
+    args = [torch.randn(2, 8, 16), torch.randn(16), torch.randn(2, 8, 4), torch.randn(2, 8, 4)]
+    ref = f(*[a.to(DEV) for a in args]).cpu()
+    try:
+        out = torch.compile(f, backend=counting, fullgraph=True)(*[a.to(DEV) for a in args])
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(out.cpu(), ref)
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert targets.count("neuronlocal.rms_norm.default") == 1
+    assert targets.count("neuronlocal.silu_and_mul.default") == 1
+
+
+# ------------------------------------------------------------------ HF kernels mapping
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_kernelize_swaps_llama_layers_locally():
+    pytest.importorskip("kernels", reason="HF `kernels` not installed (requirements-dev.txt)")
+    import copy
+
+    cpu = _tiny_llama()
+    ids = torch.randint(0, 100, (2, 12))
+    am = torch.ones(2, 12, dtype=torch.long)
+    am[0, :3] = 0                      # left padding: exercises the attention mask path
+    with torch.no_grad():
+        ref = cpu(ids, attention_mask=am).logits
+    model = copy.deepcopy(cpu).to(DEV)
+    K.kernelize(model, device="neuron")
+    layer = model.model.layers[0]
+    assert type(layer.input_layernorm.forward.__self__) is type(layer.input_layernorm)
+    assert layer.input_layernorm.forward.__func__.__qualname__ == "RMSNorm.forward"
+    assert layer.mlp.forward.__func__.__qualname__ == "SwiGLUMLP.forward"
+    rot = layer.self_attn._kernel_funcs["apply_rotary_pos_emb"]
+    assert rot.forward.__func__.__qualname__ == "RotaryEmbedding.forward"
+    assert model.config._attn_implementation == "neuron"
+    with torch.no_grad():
+        out = model(ids.to(DEV), attention_mask=am.to(DEV)).logits.cpu()
+    torch.testing.assert_close(out[1], ref[1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out[0, 3:], ref[0, 3:], atol=1e-4, rtol=1e-4)
+    # training mode: gradients through the kernels match plain PyTorch on CPU
+    model.train()
+    cpu.train()
+    K.kernelize(model)
+    model(ids.to(DEV), labels=ids.to(DEV)).loss.backward()
+    cpu(ids, labels=ids).loss.backward()
+    for (name, a), b in zip(cpu.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_kernels_library_api_with_local_repository():
+    kernels = pytest.importorskip("kernels", reason="HF `kernels` not installed")
+    mapping = K.kernel_mapping()
+    assert set(mapping) == {"RMSNorm", "rotary_pos_emb", "LlamaMLP"}
+    layer = mapping["RMSNorm"]["neuron"].load()
+    assert layer.__name__ == "RMSNorm" and layer.__module__ == "neuronlocal.kernels.layers"
+    model = _tiny_llama().to(DEV)
+    K.register()
+    kernels.kernelize(model, device="neuron", mode=kernels.Mode.INFERENCE)
+    assert model.model.norm.forward.__func__.__qualname__ == "RMSNorm.forward"
+    with pytest.raises(ValueError, match="device 'neuron'"):
+        K.kernelize(model, device="cuda")
+
+
+def test_transformers_use_kernels_with_kernel_config(tmp_path):
+    pytest.importorskip("kernels", reason="HF `kernels` not installed")
+    from transformers.utils.import_utils import is_kernels_available
+
+    if not is_kernels_available():
+        pytest.skip("transformers' pinned `kernels` range is not installed (transformers 5.24 "
+                    "wants kernels>=0.18.2; the newest on this index is 0.17.2), so "
+                    "transformers disables use_kernels")
+    import transformers
+
+    _tiny_llama().save_pretrained(tmp_path)
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path, use_kernels=True, kernel_config=K.kernel_config(), device_map="neuron",
+        attn_implementation="neuron")
+    assert model.model.norm.forward.__func__.__qualname__ == "RMSNorm.forward"

@@ -164,7 +164,8 @@ def _graph_name(gm: fx.GraphModule, model_name: str | None, graph_id: int) -> st
 
 
 def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
-                   kind: str = "static") -> Callable[..., Any]:
+                   kind: str = "static", extra: dict[str, Any] | None = None
+                   ) -> Callable[..., Any]:
     """Compiles one static graph (or returns it from the cache) and records its metrics."""
     from torch._inductor.compile_fx import compile_fx
 
@@ -210,7 +211,8 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
     dtypes = [str(x.dtype) for x in example_inputs if isinstance(x, torch.Tensor)]
     metrics.record(metrics.GraphRecord(graph_id, name, options.get("model_name"), nodes, shapes,
-                                       dtypes, seconds, cache_state, key, collectives, kind))
+                                       dtypes, seconds, cache_state, key, collectives, kind,
+                                       dict(extra or {})))
     log.debug("compiled %s (%d nodes) in %.2fs, cache %s\n%s", name, nodes, seconds,
               cache_state, cpu_gm.code)
     return compiled
@@ -242,6 +244,11 @@ class _Specializer:
         self.options = options
         self.positions = [i for i, v in enumerate(_placeholder_values(gm)) if _is_symbolic(v)]
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        # Which Dynamo frame compile ("frame/attempt") made this graph: lets the run report
+        # group the graphs of one function and attach Dynamo's recompile reason.
+        cid = torch._guards.CompileContext.current_compile_id()
+        self.extra = {"compile_id": str(cid)} if cid is not None else {}
+        self.names: dict[tuple[Any, ...], str] = {}
 
     def __call__(self, *args: Any) -> Any:
         key = tuple((tuple(a.shape), tuple(a.stride())) if isinstance(a, torch.Tensor) else a
@@ -249,9 +256,16 @@ class _Specializer:
         fn = self.compiled.get(key)
         if fn is None:
             kind = "specialized" if self.positions else "static"
-            fn = compile_static(self.gm, list(args), self.options, kind=kind)
+            before = metrics.next_graph_id()
+            fn = compile_static(self.gm, list(args), self.options, kind=kind, extra=self.extra)
             self.compiled[key] = fn
-        return fn(*args)
+            self.names[key] = (metrics.last_graph_name() if metrics.next_graph_id() > before
+                               else "eager_fallback")
+        if not torch.autograd.profiler._is_profiler_enabled:
+            return fn(*args)
+        # A named range per call, so compiled graphs appear in torch.profiler traces.
+        with torch.profiler.record_function(f"neuron_graph::{self.names[key]}"):
+            return fn(*args)
 
 
 def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,

@@ -54,6 +54,12 @@ def next_graph_id() -> int:
         return len(_records)
 
 
+def last_graph_name() -> str:
+    """The name of the graph recorded last (the profiler range of its calls)."""
+    with _lock:
+        return _records[-1].graph_name if _records else "graph"
+
+
 def record(rec: GraphRecord) -> None:
     with _lock:
         _records.append(rec)

@@ -1,0 +1,218 @@
+"""What a run gathers: compiled graphs, recompiles, graph breaks, fallbacks, memory, traffic.
+
+Most numbers are already counted elsewhere (compile metrics, the C++ op counters, the
+allocator); this module adds what only exists *during* the run and would otherwise be lost:
+the user's source line of each CPU fallback (from the one warning per op the C++ core
+emits, which Python attributes to the calling line), graph breaks with their user frame
+(Dynamo's `graph_breaks` log artifact), and the allocator's memory timeline per core.
+`snapshot()` turns all of it into one JSON-able dict, the unit that is rendered and merged.
+"""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from neuronlocal.report import analysis
+from neuronlocal.report import metrics as report_metrics
+
+SCHEMA = 1
+MAX_TIMELINE_POINTS = 1500
+_FALLBACK = re.compile(r"^(aten::\S+) executed via CPU fallback")
+_BREAK_AT = re.compile(r"in user code at (.+?):(\d+)")
+_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
+
+
+def _source(path: str, line: int) -> str:
+    return linecache.getline(path, line).strip()
+
+
+@dataclass
+class _State:
+    started: float = field(default_factory=time.time)
+    fallback_sites: dict[str, dict[str, Any]] = field(default_factory=dict)
+    breaks: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _BreakHandler(logging.Handler):
+    """Keeps Dynamo's graph-break log records: reason text plus the user's file and line."""
+
+    def __init__(self, state: _State) -> None:
+        super().__init__(logging.DEBUG)
+        self.state = state
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record must never break the user's run
+            return
+        where = _BREAK_AT.search(msg)
+        reason = msg.split("Graph Break Reason:", 1)[-1].strip()
+        first = next((ln.strip() for ln in reason.splitlines()
+                      if ln.strip() and not ln.startswith("Encountered")), reason[:200])
+        path, line = (where.group(1), int(where.group(2))) if where else ("", 0)
+        self.state.breaks.append({"reason": first, "detail": reason[:2000], "file": path,
+                                  "line": line, "source": _source(path, line) if path else ""})
+
+
+class Collector:
+    """Starts capture for one run; `stop()` ends it. One at a time per process."""
+
+    def __init__(self) -> None:
+        self.state = _State()
+        self._old_showwarning = warnings.showwarning
+        self._handler = _BreakHandler(self.state)
+        self._break_logger = logging.getLogger(_BREAK_LOGGER)
+        self._old_level = self._break_logger.level
+
+    def start(self, reset: bool = True) -> Collector:
+        global _active
+        from neuronlocal import _C
+        from neuronlocal.compile import metrics as compile_metrics
+
+        if reset:
+            _C._clear_op_tracking()
+            compile_metrics.reset_dynamo_metrics()
+            report_metrics.reset()
+            for i in range(_C._device_count()):
+                _C._reset_peak(i)
+        _C._set_timeline(True)
+        self._break_logger.addHandler(self._handler)
+        if self._break_logger.getEffectiveLevel() > logging.DEBUG:
+            self._break_logger.setLevel(logging.DEBUG)
+        # The C++ core warns once per fallback op; make sure that warning is shown (and so
+        # seen here) even under an "ignore" or "default" filter that already saw it.
+        warnings.filterwarnings("always", message=r"aten::\S+ executed via CPU fallback")
+        warnings.showwarning = self._showwarning
+        self.state.started = time.time()
+        _active = self
+        return self
+
+    def _showwarning(self, message: Warning | str, category: type[Warning], filename: str,
+                     lineno: int, file: Any = None, line: str | None = None) -> None:
+        m = _FALLBACK.match(str(message))
+        if m and m.group(1) not in self.state.fallback_sites:
+            self.state.fallback_sites[m.group(1)] = {
+                "file": filename, "line": lineno, "source": _source(filename, lineno)}
+        self._old_showwarning(message, category, filename, lineno, file, line)
+
+    def stop(self) -> None:
+        global _active
+        if warnings.showwarning == self._showwarning:
+            warnings.showwarning = self._old_showwarning
+        self._break_logger.removeHandler(self._handler)
+        self._break_logger.setLevel(self._old_level)
+        if _active is self:
+            _active = None
+
+
+_active: Collector | None = None
+
+
+def _downsample(points: list[tuple[float, int]], limit: int = MAX_TIMELINE_POINTS
+                ) -> list[list[float]]:
+    """At most `limit` points, keeping each chunk's peak so the chart never hides one."""
+    if len(points) <= limit:
+        return [[round(t, 6), b] for t, b in points]
+    step = -(-len(points) // limit)
+    out = []
+    for i in range(0, len(points), step):
+        t, b = max(points[i:i + step], key=lambda p: p[1])
+        out.append([round(t, 6), b])
+    out.append([round(points[-1][0], 6), points[-1][1]])
+    return out
+
+
+def memory() -> list[dict[str, Any]]:
+    """Per logical core that was used: peak, HBM size, OOM count, timeline."""
+    from neuronlocal import _C
+
+    cores = []
+    for i in range(_C._device_count()):
+        s = _C._memory_stats(i)
+        timeline = list(_C._memory_timeline(i))
+        if not s["allocation_requests"] and not timeline and not s["num_ooms"]:
+            continue
+        cores.append({"core": i, "peak_bytes": s["allocated_bytes.all.peak"],
+                      "current_bytes": s["allocated_bytes.all.current"],
+                      "reserved_peak_bytes": s["reserved_bytes.all.peak"],
+                      "hbm_bytes": s["hbm_bytes"], "num_ooms": s["num_ooms"],
+                      "timeline": _downsample(timeline)})
+    return cores
+
+
+def _fallbacks(sites: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    from neuronlocal.eager import tracking
+
+    out = []
+    for op, count in sorted(tracking.get_fallback_ops().items(), key=lambda kv: -kv[1]):
+        site = sites.get(op, {"file": "", "line": 0, "source": ""})
+        out.append({"op": op, "count": count, **site})
+    return out
+
+
+def _breaks(captured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Graph breaks merged by (reason, file, line), with Dynamo's counts when not captured."""
+    from neuronlocal.compile import metrics as compile_metrics
+
+    merged: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for b in captured:
+        key = (b["reason"], b["file"], b["line"])
+        if key in merged:
+            merged[key]["count"] += 1
+        else:
+            merged[key] = {**b, "count": 1}
+    if not merged:
+        for b in compile_metrics.graph_breaks():
+            first = b["reason"].strip().splitlines()[0] if b["reason"].strip() else "?"
+            merged[(first, "", 0)] = {"reason": first, "detail": b["reason"], "file": "",
+                                      "line": 0, "source": "", "count": b["count"]}
+    return list(merged.values())
+
+
+def _rank_world() -> tuple[int, int]:
+    return report_metrics._rank(), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report of this process so far, as plain data (one rank of a run)."""
+    import neuronlocal
+    from neuronlocal.compile import metrics as compile_metrics
+    from neuronlocal.eager import tracking
+
+    state = _active.state if _active is not None else _State(started=time.time())
+    dyn = compile_metrics.get_dynamo_metrics()
+    compile_ids = {str(m.compile_id): m for m in torch._dynamo.utils.get_compilation_metrics()}
+    graphs = dyn["graphs"]
+    families = analysis.recompiles(graphs, dyn["recompiles"], compile_ids)
+    rank, world = _rank_world()
+    return {
+        "schema": SCHEMA,
+        "rank": rank,
+        "world_size": world,
+        "run": {"argv": list(sys.argv), "started": state.started,
+                "seconds": round(time.time() - state.started, 3), "exit_code": None,
+                "error": None, **(run or {})},
+        "instance": neuronlocal.profile.describe(),
+        "graphs": graphs,
+        "compile_seconds": round(dyn["compile_seconds"], 3),
+        "recompiles": families["recompiles"],
+        "dynamo_recompiles": dyn["recompiles"],
+        "bucket_suggestions": families["buckets"],
+        "graph_breaks": _breaks(state.breaks),
+        "fallback_ops": _fallbacks(state.fallback_sites),
+        "downcast_ops": dict(sorted(tracking.get_downcast_ops().items())),
+        "eager_ops": dict(sorted(tracking.get_executed_ops().items(), key=lambda kv: -kv[1])),
+        "memory": memory(),
+        "collectives": report_metrics.get_collectives(),
+        "counters": report_metrics.counters(),
+    }

@@ -1,0 +1,325 @@
+"""Renderings of a run report: terminal summary (rich), JSON, and one static HTML page.
+
+The HTML page is self-contained and works offline: no scripts, charts drawn as inline SVG
+here. Every renderer takes the merged form `{"ranks": [rank report, ...]}` (see
+`merge`), so a single process and a torchrun job are shown the same way.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+          "#17becf"]
+
+
+def merge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report of several ranks (each rank's data kept whole, sorted by rank)."""
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    world = max([r.get("world_size", 1) for r in ranks] + [len(ranks)])
+    codes = [r["run"].get("exit_code") for r in ranks]
+    return {"schema": ranks[0]["schema"] if ranks else 1, "world_size": world,
+            "complete": len(ranks) >= world, "exit_code": max((c or 0) for c in codes) if codes
+            else 0, "ranks": ranks}
+
+
+def mib(n: float) -> str:
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    if abs(n) >= 2**20:
+        return f"{n / 2**20:.2f} MiB"
+    return f"{n / 2**10:.1f} KiB" if abs(n) >= 1024 else f"{int(n)} B"
+
+
+def _site(e: dict[str, Any]) -> str:
+    return f"{e['file']}:{e['line']}" if e.get("file") else "(not captured)"
+
+
+def _shapes(shapes: list[Any]) -> str:
+    text = ", ".join("x".join(str(n) for n in s) or "scalar" for s in shapes)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def headline(rep: dict[str, Any]) -> list[str]:
+    """Short one-line findings, worst first (also the top of the HTML page)."""
+    out = []
+    for r in rep["ranks"]:
+        p = f"rank {r['rank']}: " if len(rep["ranks"]) > 1 else ""
+        err = r["run"].get("error")
+        if err:
+            out.append(f"{p}the script raised {err['type']}: {err['message'].splitlines()[0]}")
+        if r["recompiles"]:
+            hint = "; see the bucket suggestion" if r["bucket_suggestions"] else ""
+            out.append(f"{p}{len(r['recompiles'])} recompilation(s){hint}")
+        if r["fallback_ops"]:
+            n = sum(f["count"] for f in r["fallback_ops"])
+            out.append(f"{p}{len(r['fallback_ops'])} op(s) ran on the host CPU ({n} calls)")
+        if r["graph_breaks"]:
+            out.append(f"{p}{sum(b['count'] for b in r['graph_breaks'])} graph break(s)")
+    return out
+
+
+def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
+    """The summary printed after a run."""
+    c = console or Console(stderr=True)
+    multi = len(rep["ranks"]) > 1
+    rk = (lambda r: [str(r["rank"])]) if multi else (lambda r: [])
+    rank_col = ["rank"] if multi else []
+    first = rep["ranks"][0]
+    c.rule("[bold]neuronlocal run report")
+    c.print(f"script  {' '.join(first['run']['argv'])}\ninstance {first['instance']}   ranks "
+            f"{len(rep['ranks'])}/{rep['world_size']}   exit status {rep['exit_code']}   "
+            f"wall {max(r['run']['seconds'] for r in rep['ranks']):.1f}s")
+    for line in headline(rep):
+        c.print(f"[yellow]! {line}")
+
+    def table(title: str, cols: list[str], rows: list[list[str]], limit: int = 25) -> None:
+        if not rows:
+            return
+        t = Table(title=title, title_justify="left", show_edge=False, header_style="bold")
+        for col in cols:
+            t.add_column(col, overflow="fold")
+        for row in rows[:limit]:
+            t.add_row(*row)
+        if len(rows) > limit:
+            t.add_row(*([f"... {len(rows) - limit} more (see report.html)"] + [""] *
+                        (len(cols) - 1)))
+        c.print(t)
+
+    table("Compiled graphs", rank_col + ["graph", "kind", "nodes", "input shapes", "compile s",
+                                         "cache"],
+          [rk(r) + [g["graph_name"], g["kind"], str(g["node_count"]), _shapes(g["input_shapes"]),
+                    f"{g['compile_seconds']:.2f}", g["cache"]]
+           for r in rep["ranks"] for g in r["graphs"]])
+    table("Recompilations", rank_col + ["graph", "function", "reason"],
+          [rk(r) + [e["graph"], e["function"], e["reason"]]
+           for r in rep["ranks"] for e in r["recompiles"]])
+    table("Suggested buckets (pad to these sizes: bucketing.pad_to_bucket)",
+          rank_col + ["function", "dimension", "sizes seen", "buckets", "graphs"],
+          [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
+                    + (f" ({b['name']})" if b.get("name") else ""),
+                    ",".join(map(str, b["sizes"])), ",".join(map(str, b["buckets"])),
+                    f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
+           for r in rep["ranks"] for b in r["bucket_suggestions"]])
+    table("Graph breaks", rank_col + ["count", "reason", "where", "source"],
+          [rk(r) + [str(b["count"]), b["reason"], _site(b), b["source"]]
+           for r in rep["ranks"] for b in r["graph_breaks"]])
+    table("CPU-fallback ops (run on the host on Trainium)",
+          rank_col + ["op", "count", "first call site", "source"],
+          [rk(r) + [f["op"], str(f["count"]), _site(f), f["source"]]
+           for r in rep["ranks"] for f in r["fallback_ops"]])
+    table("64-bit ops computed as 32-bit", rank_col + ["op", "count"],
+          [rk(r) + [op, str(n)] for r in rep["ranks"] for op, n in r["downcast_ops"].items()],
+          limit=10)
+    table("HBM per logical core", rank_col + ["core", "peak", "of HBM", "OOMs"],
+          [rk(r) + [f"neuron:{m['core']}", mib(m["peak_bytes"]),
+                    f"{100 * m['peak_bytes'] / max(1, m['hbm_bytes']):.1f}% of "
+                    f"{mib(m['hbm_bytes'])}", str(m["num_ooms"])]
+           for r in rep["ranks"] for m in r["memory"]])
+    table("Collectives", rank_col + ["op", "count", "bytes"],
+          [rk(r) + [x["op"], str(x["count"]), mib(x["bytes"])]
+           for r in rep["ranks"] for x in r["collectives"]])
+    for r in rep["ranks"]:
+        ops = r["eager_ops"]
+        top = ", ".join(f"{k} {v}" for k, v in list(ops.items())[:8])
+        c.print(f"{'rank ' + str(r['rank']) + ' ' if multi else ''}eager ops: "
+                f"{sum(ops.values())} calls of {len(ops)} ops" + (f" (top: {top})" if top else ""))
+
+
+def text(rank_report: dict[str, Any]) -> str:
+    """The terminal summary of one process as plain text (metrics.report())."""
+    buf = io.StringIO()
+    terminal(merge([rank_report]), Console(file=buf, width=120, no_color=True,
+                                           force_terminal=False))
+    return buf.getvalue()
+
+
+def write_json(rep: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(rep, indent=1, default=str))
+
+
+# ---- HTML -------------------------------------------------------------------------------
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: float | None = None,
+               width: int = 760, height: int = 260) -> str:
+    """Step lines of (seconds, bytes) per series, as inline SVG."""
+    pts = [p for _, s in series for p in s]
+    if not pts:
+        return ""
+    left, right, top, bottom = 70, 10, 24, 30
+    t_max = max(p[0] for p in pts) or 1.0
+    y_max = max(max(p[1] for p in pts), 1)
+    if limit and limit <= 4 * y_max:
+        y_max = max(y_max, limit)
+    sx = (width - left - right) / t_max
+    sy = (height - top - bottom) / y_max
+    out = [f'<svg class="chart" width="{width}" height="{height}" role="img" '
+           f'xmlns="http://www.w3.org/2000/svg"><title>{_e(title)}</title>',
+           f'<text x="{left}" y="15" class="ct">{_e(title)}</text>']
+    for k in range(5):
+        y = top + (height - top - bottom) * k / 4
+        v = y_max * (1 - k / 4)
+        out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+                   f'class="grid"/><text x="{left - 4}" y="{y + 4:.1f}" class="ax" '
+                   f'text-anchor="end">{_e(mib(v))}</text>')
+    out.append(f'<text x="{width - right}" y="{height - 8}" class="ax" text-anchor="end">'
+               f'{t_max:.2f} s</text><text x="{left}" y="{height - 8}" class="ax">0 s</text>')
+    if limit and limit <= y_max:
+        y = top + (height - top - bottom) * (1 - limit / y_max)
+        out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+                   f'stroke="#d62728" stroke-dasharray="4 3"/><text x="{width - right}" '
+                   f'y="{y - 3:.1f}" class="ax" text-anchor="end">HBM {_e(mib(limit))}</text>')
+    for i, (label, s) in enumerate(series):
+        color = COLORS[i % len(COLORS)]
+        path, last_y = [], None
+        for t, b in [[0.0, 0]] + s:
+            x, y = left + t * sx, top + (height - top - bottom) - b * sy
+            path.append(f"{'M' if last_y is None else 'L'}{x:.1f},{last_y if last_y else y:.1f}")
+            path.append(f"L{x:.1f},{y:.1f}")
+            last_y = y
+        out.append(f'<path d="{" ".join(path)}" fill="none" stroke="{color}" '
+                   f'stroke-width="1.5"><title>{_e(label)}</title></path>')
+        out.append(f'<text x="{left + 8 + 150 * i}" y="{height - 8}" fill="{color}" '
+                   f'class="ax" dx="60">{_e(label)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def bar_chart(bars: list[tuple[str, float, str]], title: str, unit: str = "s",
+              width: int = 760) -> str:
+    """Horizontal bars (label, value, color), as inline SVG."""
+    if not bars:
+        return ""
+    row, left = 18, 230
+    height = 30 + row * len(bars)
+    v_max = max(b[1] for b in bars) or 1.0
+    out = [f'<svg class="chart" width="{width}" height="{height}" role="img" '
+           f'xmlns="http://www.w3.org/2000/svg"><title>{_e(title)}</title>'
+           f'<text x="4" y="15" class="ct">{_e(title)}</text>']
+    for i, (label, value, color) in enumerate(bars):
+        y = 24 + i * row
+        w = (width - left - 80) * value / v_max
+        out.append(f'<text x="{left - 6}" y="{y + 12}" class="ax" text-anchor="end">'
+                   f'{_e(label[:34])}</text><rect x="{left}" y="{y}" width="{max(w, 1):.1f}" '
+                   f'height="{row - 4}" fill="{color}"><title>{_e(label)}: {value:.3f} {unit}'
+                   f'</title></rect><text x="{left + w + 4:.1f}" y="{y + 12}" class="ax">'
+                   f'{value:.2f} {unit}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _table(cols: list[str], rows: list[list[Any]], empty: str = "none") -> str:
+    if not rows:
+        return f"<p class='none'>{_e(empty)}</p>"
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_CSS = """body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #ddd;
+padding:3px 8px;text-align:left;vertical-align:top}th{background:#f4f4f4}
+.none{color:#888}.warn{color:#a15c00}.chart{display:block;margin:8px 0}
+.grid{stroke:#eee}.ax{font-size:11px;fill:#555}.ct{font-size:13px;font-weight:600}
+code{background:#f4f4f4;padding:1px 4px}"""
+
+
+def html_page(rep: dict[str, Any]) -> str:
+    """The whole report as one static page (inline CSS and SVG, no scripts)."""
+    ranks = rep["ranks"]
+    multi = len(ranks) > 1
+    rk = (lambda r: [r["rank"]]) if multi else (lambda r: [])
+    rc = ["rank"] if multi else []
+    first = ranks[0]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>neuronlocal run report"
+             f"</title><style>{_CSS}</style></head><body><h1>neuronlocal run report</h1>",
+             f"<p><code>{_e(' '.join(first['run']['argv']))}</code><br>instance "
+             f"{_e(first['instance'])}; ranks {len(ranks)}/{rep['world_size']}"
+             f"{'' if rep['complete'] else ' (incomplete: some ranks have not reported)'}"
+             f"; exit status {rep['exit_code']}. Host emulation: compile seconds are this "
+             "machine's, not Trainium's.</p>"]
+    parts += [f"<p class='warn'>&#9888; {_e(h)}</p>" for h in headline(rep)]
+    graphs = [(r, g) for r in ranks for g in r["graphs"]]
+    recompiled = {(r["rank"], e["graph"]) for r in ranks for e in r["recompiles"]}
+    parts.append("<h2>Compiled graphs</h2>")
+    parts.append(bar_chart(
+        [((f"r{r['rank']} " if multi else "") + g["graph_name"], g["compile_seconds"],
+          "#2ca02c" if g["cache"] == "hit" else
+          ("#d62728" if (r["rank"], g["graph_name"]) in recompiled else "#1f77b4"))
+         for r, g in graphs[:60]],
+        "compile seconds per graph (blue: first compile, red: recompile, green: cache hit)"))
+    parts.append(_table(rc + ["graph", "kind", "nodes", "input shapes", "dtypes", "compile s",
+                              "cache"],
+                        [rk(r) + [g["graph_name"], g["kind"], g["node_count"],
+                                  _shapes(g["input_shapes"]), ", ".join(g["input_dtypes"]),
+                                  f"{g['compile_seconds']:.3f}", g["cache"]]
+                         for r, g in graphs], "no graphs compiled"))
+    parts.append("<h2>Recompilations</h2>")
+    parts.append(_table(rc + ["graph", "function", "kind", "cache", "reason"],
+                        [rk(r) + [e["graph"], e["function"], e["kind"], e["cache"], e["reason"]]
+                         for r in ranks for e in r["recompiles"]], "no recompilations"))
+    parts.append("<h3>Suggested buckets</h3><p>Pad the dimension to the next bucket "
+                 "(<code>neuronlocal.compile.bucketing.pad_to_bucket</code>): one graph per "
+                 "bucket instead of one per size.</p>")
+    parts.append(_table(rc + ["function", "dimension", "sizes seen", "buckets", "graphs"],
+                        [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
+                                  + (f" ({b['name']})" if b.get("name") else ""),
+                                  ", ".join(map(str, b["sizes"])),
+                                  ", ".join(map(str, b["buckets"])),
+                                  f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
+                         for r in ranks for b in r["bucket_suggestions"]], "nothing to bucket"))
+    parts.append("<h2>Graph breaks</h2>")
+    parts.append(_table(rc + ["count", "reason", "where", "source"],
+                        [rk(r) + [b["count"], b["reason"], _site(b), b["source"]]
+                         for r in ranks for b in r["graph_breaks"]], "no graph breaks"))
+    parts.append("<h2>CPU-fallback ops</h2><p>On Trainium these run on the host CPU.</p>")
+    parts.append(_table(rc + ["op", "count", "first call site", "source"],
+                        [rk(r) + [f["op"], f["count"], _site(f), f["source"]]
+                         for r in ranks for f in r["fallback_ops"]], "no CPU fallbacks"))
+    parts.append("<h2>64-bit ops computed as 32-bit</h2>")
+    parts.append(_table(rc + ["op", "count"], [rk(r) + [op, n] for r in ranks
+                                               for op, n in r["downcast_ops"].items()],
+                        "no 64-bit downcasts"))
+    parts.append("<h2>HBM per logical core</h2>")
+    parts.append(_table(rc + ["core", "peak allocated", "peak reserved", "HBM", "OOMs"],
+                        [rk(r) + [f"neuron:{m['core']}", mib(m["peak_bytes"]),
+                                  mib(m["reserved_peak_bytes"]), mib(m["hbm_bytes"]),
+                                  m["num_ooms"]] for r in ranks for m in r["memory"]],
+                        "no device memory used"))
+    for r in ranks:
+        for m in r["memory"]:
+            label = (f"rank {r['rank']} " if multi else "") + f"neuron:{m['core']}"
+            parts.append(line_chart([(label, m["timeline"])],
+                                    f"allocated HBM over time, {label}", m["hbm_bytes"]))
+    parts.append("<h2>Collectives</h2>")
+    coll = [(r, x) for r in ranks for x in r["collectives"]]
+    parts.append(bar_chart([(f"rank {r['rank']} {x['op']}", x["bytes"] / 2**20,
+                             COLORS[r["rank"] % len(COLORS)]) for r, x in coll],
+                           "bytes per rank and op", unit="MiB"))
+    parts.append(_table(["rank", "op", "count", "bytes"],
+                        [[r["rank"], x["op"], x["count"], mib(x["bytes"])] for r, x in coll],
+                        "no collectives recorded"))
+    parts.append("<h2>Eager ops</h2>")
+    for r in ranks:
+        ops = r["eager_ops"]
+        parts.append(f"<p>{'rank ' + str(r['rank']) + ': ' if multi else ''}"
+                     f"{sum(ops.values())} calls of {len(ops)} ops</p>")
+        parts.append(_table(["op", "count"], [[k, v] for k, v in list(ops.items())[:40]]))
+    for r in ranks:
+        err = r["run"].get("error")
+        if err:
+            parts.append(f"<h2>Error (rank {r['rank']})</h2><pre>{_e(err['traceback'])}</pre>")
+    parts.append("</body></html>")
+    return "\n".join(p for p in parts if p)

@@ -1,4 +1,4 @@
-"""The `neuronlocal` command: info, demo, ops, env."""
+"""The `neuronlocal` command: info, demo, ops, env, run."""
 
 from __future__ import annotations
 
@@ -65,6 +65,12 @@ def cmd_env(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from neuronlocal.report import runner
+
+    return runner.run(args.args, module=args.module, report_dir=args.report)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="neuronlocal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     p_ops.set_defaults(func=cmd_ops)
     sub.add_parser("env", help="environment variables (markdown table)").set_defaults(
         func=cmd_env)
+    p_run = sub.add_parser("run", help="run a script and report what it would cost on Trainium")
+    p_run.add_argument("--report", default="neuron_report", metavar="DIR",
+                       help="where report.html, report.json and rank<N>.json go")
+    p_run.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
+    p_run.add_argument("args", nargs=argparse.REMAINDER, help="script.py [args...]")
+    p_run.set_defaults(func=cmd_run)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

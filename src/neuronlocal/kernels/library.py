@@ -25,11 +25,16 @@ def _fail(kernel: str, problem: str, fix: str) -> None:
 
 @nki_op("neuronlocal::rms_norm", mutates_args=())
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # torch.rms_norm is a composite on CPU (pow, mean, add, rsqrt, mul, mul: 4 full-size
+    # temporaries); a norm reduction plus two passes over x allocate one.
     n = x.shape[-1]
+    xf = x.float()
+    r = torch.linalg.vector_norm(xf, 2, -1, keepdim=True).square_().div_(n).add_(eps).rsqrt_()
+    y = xf * r
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        return torch.rms_norm(x, (n,), weight, eps)
+        return y.mul_(weight)
     # As HF's LlamaRMSNorm: normalise in float32, cast back, then scale.
-    return weight * torch.rms_norm(x.float(), (n,), None, eps).to(x.dtype)
+    return weight * y.to(x.dtype)
 
 
 @nki_op("neuronlocal::rms_norm_backward", mutates_args=())

@@ -42,6 +42,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "A graph that fails to compile raises; 0 runs it eagerly with a warning."),
     EnvVar("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "0",
            "1 makes CPU tensors passed to a compiled graph an error instead of a copy."),
+    EnvVar("NEURONLOCAL_DIST_CHECKS", "0",
+           "1 checks shapes/dtypes of every collective across ranks (clear error; slower)."),
     EnvVar("TORCH_NEURONX_LOG_LEVEL", "0", "3 prints debug logs of the backend."),
     EnvVar("NEURON_LAUNCH_BLOCKING", "1",
            "Accepted for compatibility; execution on the host is always synchronous."),

@@ -67,7 +67,8 @@ def bind_rank() -> None:
             f"{os.environ.get('NEURON_RT_VISIBLE_CORES', 'all')}). Leave "
             "NEURON_RT_VISIBLE_CORES unset, or set it to one core per rank.")
     torch.neuron.set_device(index)
-    os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(prof.visible[index]))
+    if not os.environ.get("NEURON_RT_VISIBLE_CORES", "").strip():
+        os.environ["NEURON_RT_VISIBLE_CORES"] = str(prof.visible[index])
     _bound = True
 
 

@@ -27,6 +27,7 @@ from torch._C import _distributed_c10d as _c10d
 from torch.distributed import ProcessGroup
 
 from neuronlocal import _C
+from neuronlocal.report.metrics import record_collective
 
 BACKEND = "neuron"
 
@@ -119,6 +120,8 @@ class NeuronProcessGroup(ProcessGroup):
         return BACKEND
 
     def _wrap(self, work: dist.Work, result: list[torch.Tensor], what: str) -> dist.Work:
+        # The run report counts collectives per rank: bytes are this rank's result tensors.
+        record_collective(what, sum(t.numel() * t.element_size() for t in result), self.rank())
         wrapped = NeuronWork(work, result, what, self)
         if self._coalesced is not None:
             self._coalesced.append(wrapped)
@@ -132,7 +135,7 @@ class NeuronProcessGroup(ProcessGroup):
         works, self._coalesced = self._coalesced or [], None
         return _AllOf(works)
 
-    def _check(self, what: str, *tensors: Any, root: int | None = None) -> None:
+    def _check(self, what: str, tensors: Any, root: int | None = None) -> None:
         if self._checker is not None:
             self._checker.check(what, tensors, root)
 

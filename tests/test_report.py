@@ -128,22 +128,29 @@ def test_module_mode_and_exit_status(tmp_path):
 
 def test_torchrun_one_report_per_rank_merged(tmp_path):
     path = script(tmp_path, "ranks.py", """\
-        import os
         import torch
+        import torch.distributed as dist
         from neuronlocal.report import record_collective
-        rank = int(os.environ["RANK"])
-        x = torch.ones(1024 * (rank + 1), device="neuron")
-        record_collective("all_reduce", x.numel() * x.element_size())
+        dist.init_process_group("neuron")
+        x = torch.ones(1024, device="neuron")  # 4 KiB
+        dist.all_reduce(x)
+        dist.all_reduce(x)
+        if dist.get_rank() == 1:
+            record_collective("custom_send", 100)  # the API code can call itself
+        dist.destroy_process_group()
         """)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", "0"]
-    proc, out = run_cli(tmp_path, [str(path)], launcher=torchrun)
+                "--standalone"]
+    proc, out = run_cli(tmp_path, [str(path)], launcher=torchrun, timeout=180,
+                        env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.glob("rank*.json")) == ["rank0.json", "rank1.json"]
     rep = json.loads((out / "report.json").read_text())
     assert rep["complete"] and [r["rank"] for r in rep["ranks"]] == [0, 1]
-    coll = {r["rank"]: r["collectives"] for r in rep["ranks"]}
-    assert coll[1] == [{"rank": 1, "op": "all_reduce", "count": 1, "bytes": 8192}]
+    coll = {r["rank"]: {c["op"]: (c["count"], c["bytes"]) for c in r["collectives"]}
+            for r in rep["ranks"]}
+    assert coll[0]["all_reduce"] == coll[1]["all_reduce"] == (2, 8192)
+    assert "custom_send" not in coll[0] and coll[1]["custom_send"] == (1, 100)
     assert "rank 1 all_reduce" in (out / "report.html").read_text()
 
 

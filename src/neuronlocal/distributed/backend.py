@@ -28,6 +28,7 @@ from torch.distributed import ProcessGroup
 
 from neuronlocal import _C
 from neuronlocal.report.metrics import record_collective
+from neuronlocal.report.metrics import record_collective
 
 BACKEND = "neuron"
 
@@ -120,6 +121,8 @@ class NeuronProcessGroup(ProcessGroup):
         return BACKEND
 
     def _wrap(self, work: dist.Work, result: list[torch.Tensor], what: str) -> dist.Work:
+        # The run report counts collectives per rank: bytes are this rank's result tensors.
+        record_collective(what, sum(t.numel() * t.element_size() for t in result), self.rank())
         # The run report counts collectives per rank: bytes are this rank's result tensors.
         record_collective(what, sum(t.numel() * t.element_size() for t in result), self.rank())
         wrapped = NeuronWork(work, result, what, self)

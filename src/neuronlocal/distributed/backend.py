@@ -28,7 +28,6 @@ from torch.distributed import ProcessGroup
 
 from neuronlocal import _C
 from neuronlocal.report.metrics import record_collective
-from neuronlocal.report.metrics import record_collective
 
 BACKEND = "neuron"
 
@@ -121,8 +120,6 @@ class NeuronProcessGroup(ProcessGroup):
         return BACKEND
 
     def _wrap(self, work: dist.Work, result: list[torch.Tensor], what: str) -> dist.Work:
-        # The run report counts collectives per rank: bytes are this rank's result tensors.
-        record_collective(what, sum(t.numel() * t.element_size() for t in result), self.rank())
         # The run report counts collectives per rank: bytes are this rank's result tensors.
         record_collective(what, sum(t.numel() * t.element_size() for t in result), self.rank())
         wrapped = NeuronWork(work, result, what, self)

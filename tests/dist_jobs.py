@@ -229,7 +229,7 @@ def train(out: Path, device_type: str, backend: str, modes: list[str], compiled:
             fully_shard(model, mesh=mesh2["dp"])
             dp_rank, dp_size = mesh2["dp"].get_local_rank(), 2
         step_fn = torch.compile(model, backend="neuron" if device_type == "neuron" else
-                                "inductor") if compiled else model
+                                "inductor", dynamic=False) if compiled else model
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         losses, grads = [], {}
         for step in range(STEPS):

@@ -1,5 +1,5 @@
 # make setup : create .venv with torch==2.13.0 (CPU, pinned) and build neuronlocal
-# make demo  : the main job (device info + a model on neuron vs CPU)
+# make demo  : the main job: `neuronlocal check` (does the embedded Llama config run on Trainium?)
 # make test  : the default test run (CI runs the same command)
 PY ?= python3
 VENV ?= .venv
@@ -16,7 +16,8 @@ $(BIN)/neuronlocal: pyproject.toml setup.py constraints.txt requirements-dev.txt
 	touch $@
 
 demo: setup
-	$(BIN)/neuronlocal demo
+	$(BIN)/neuronlocal info
+	$(BIN)/neuronlocal check
 
 test: setup
 	$(BIN)/python -m pytest -m "not slow" -q

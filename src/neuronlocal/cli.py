@@ -1,4 +1,4 @@
-"""The `neuronlocal` command: info, demo, ops, env, run."""
+"""The `neuronlocal` command: info, demo, check, support, ops, env, run."""
 
 from __future__ import annotations
 
@@ -60,6 +60,27 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from neuronlocal.support import check
+
+    return check.run(args.config, args.model_dir, args.model_type)
+
+
+def cmd_support(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from neuronlocal.support import matrix
+
+    only = matrix.CI_SUBSET if args.subset == "ci" else (
+        args.models.split(",") if args.models else None)
+    data = matrix.run_matrix(args.task, Path(args.out), jobs=args.jobs, timeout=args.timeout,
+                             only=only, force=args.force)
+    s = data["summary"]
+    print(f"{s['counts']} -> pass rate among CPU-runnable architectures "
+          f"{s['pass_rate_of_cpu_runnable']:.1%}; report in {args.out}/support-{args.task}.html")
+    return 0 if s["counts"].get("neuron-fail", 0) == 0 else 1
+
+
 def cmd_env(_: argparse.Namespace) -> int:
     print(config_mod.env_table_markdown())
     return 0
@@ -82,6 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     p_ops.set_defaults(func=cmd_ops)
     sub.add_parser("env", help="environment variables (markdown table)").set_defaults(
         func=cmd_env)
+    p_check = sub.add_parser("check", help="does a model run on Trainium? (exit 0/1/2)")
+    p_check.add_argument("model_type", nargs="?", help="a transformers model type, e.g. llama")
+    p_check.add_argument("--config", help="a config.json")
+    p_check.add_argument("--model-dir", help="a directory saved with save_pretrained")
+    p_check.set_defaults(func=cmd_check)
+    p_sup = sub.add_parser("support", help="the model support matrix of a task")
+    p_sup.add_argument("--task", default="causal-lm", choices=["causal-lm", "seq2seq",
+                                                                 "masked-lm"])
+    p_sup.add_argument("-j", "--jobs", type=int, default=1)
+    p_sup.add_argument("--out", default="reports/support")
+    p_sup.add_argument("--timeout", type=float, default=600, help="seconds per model")
+    p_sup.add_argument("--subset", choices=["ci"], help="only the fixed CI subset")
+    p_sup.add_argument("--models", help="comma-separated model types")
+    p_sup.add_argument("--force", action="store_true", help="rerun models already done")
+    p_sup.set_defaults(func=cmd_support)
     p_run = sub.add_parser("run", help="run a script and report what it would cost on Trainium")
     p_run.add_argument("--report", default="neuron_report", metavar="DIR",
                        help="where report.html, report.json and rank<N>.json go")

@@ -178,7 +178,7 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     cpu_gm = rewrite_to_cpu(copy.deepcopy(gm))
     examples = [_example(x) for x in example_inputs]
     key = graph_key(cpu_gm.code, [_meta(x) for x in example_inputs],
-                    {"grad": torch.is_grad_enabled(), "kind": kind})
+                    {"grad": torch.is_grad_enabled()})
     start = time.perf_counter()
     cache_state = "miss"
     compiled = None if disabled() else _CACHE.memory.get(key)

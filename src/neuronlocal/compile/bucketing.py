@@ -53,7 +53,7 @@ def suggest_buckets(lengths: Iterable[int], max_buckets: int = 4) -> list[int]:
     if not seen:
         return []
     if len(seen) <= max_buckets:
-        return [((x + 7) // 8) * 8 for x in seen]
+        return sorted({((x + 7) // 8) * 8 for x in seen})
     picks = []
     for k in range(1, max_buckets + 1):
         x = seen[min(len(seen) - 1, round(k * len(seen) / max_buckets) - 1)]

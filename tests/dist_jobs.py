@@ -67,6 +67,9 @@ def collectives(out: Path) -> None:
     big = torch.empty(2 * w, 3, device=dev)
     dist.all_gather_into_tensor(big, x, async_op=True).wait()
     ok("all_gather_into_tensor", big, ranks.repeat_interleave(2).view(-1, 1).expand(-1, 3))
+    flat = torch.empty(2 * w * 3, device=dev)  # NCCL semantics: only element counts must match
+    dist.all_gather_into_tensor(flat, x)
+    ok("all_gather_into_tensor_flat", flat, ranks.repeat_interleave(6).float())
     src = torch.arange(2 * w, dtype=torch.float32, device=dev) + r
     o = torch.empty(2, device=dev)
     dist.reduce_scatter_tensor(o, src)

@@ -150,8 +150,6 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
 };
 
-NeuronGuard g_guard;
-NeuronHooks g_hooks;
 
 }  // namespace
 
@@ -193,8 +191,10 @@ void register_guard_and_hooks() {
   static bool done = false;
   if (done) return;
   done = true;
-  c10::impl::registerDeviceGuard(kNeuron, &g_guard);
-  at::RegisterPrivateUse1HooksInterface(&g_hooks);
+  // Leaked on purpose: autograd's device threads and PyTorch's registries use them until
+  // the process is gone, after static destructors have run ("pure virtual method called").
+  c10::impl::registerDeviceGuard(kNeuron, new NeuronGuard());
+  at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
 }
 
 }  // namespace neuron

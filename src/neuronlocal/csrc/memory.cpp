@@ -208,11 +208,13 @@ struct NeuronAllocator final : public c10::Allocator {
   }
 };
 
-NeuronAllocator g_allocator;
 
 }  // namespace
 
-c10::Allocator* allocator() { return &g_allocator; }
+c10::Allocator* allocator() {
+  static auto* a = new NeuronAllocator();  // leaked: frees can run during interpreter shutdown
+  return a;
+}
 
 void set_budgets(const std::vector<int64_t>& bytes_per_core) {
   std::lock_guard<std::mutex> lock(mu());

@@ -40,6 +40,20 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
     return _C._cpu_alias(t) if t.device.type == "neuron" else t
 
 
+def _stacked(big: torch.Tensor, small: torch.Tensor, size: int) -> torch.Tensor:
+    """`big` (an alias) shaped as `size` copies of `small` stacked on dim 0.
+
+    NCCL only checks element counts for all_gather_into_tensor / reduce_scatter_tensor, and
+    callers such as accelerate's gather rely on it; gloo wants dim-0 chunks shaped like the
+    input, so a contiguous flat buffer is viewed in that shape (no copy).
+    """
+    alias = _alias(big)
+    if not alias.is_contiguous():
+        return alias
+    shape = (size * small.shape[0], *small.shape[1:]) if small.dim() else (size,)
+    return alias.view(shape)
+
+
 def _aliases(ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [_C._cpu_alias(t) if t.device.type == "neuron" else t for t in ts]
 
@@ -175,7 +189,8 @@ class NeuronProcessGroup(ProcessGroup):
         opts = opts if opts is not None else _c10d.AllgatherOptions()
         self._check("all_gather_into_tensor", [input])
         _even(output, input, self.size(), "all_gather_into_tensor", gather=True)
-        work = self._gloo._allgather_base(_alias(output), _alias(input), opts)
+        work = self._gloo._allgather_base(_stacked(output, input, self.size()), _alias(input),
+                                          opts)
         return self._wrap(work, [output], "all_gather_into_tensor")
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
@@ -208,7 +223,8 @@ class NeuronProcessGroup(ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         self._check("reduce_scatter_tensor", [input])
         _even(input, output, self.size(), "reduce_scatter_tensor", gather=False)
-        work = self._gloo._reduce_scatter_base(_alias(output), _alias(input), opts)
+        work = self._gloo._reduce_scatter_base(_alias(output),
+                                               _stacked(input, output, self.size()), opts)
         return self._wrap(work, [output], "reduce_scatter_tensor")
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],

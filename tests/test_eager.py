@@ -690,3 +690,15 @@ def test_invalid_env_fails_import_with_the_message(fresh_python):
     r = fresh_python("import torch", env={"NEURONLOCAL_INSTANCE": "trn9.huge"})
     assert r.returncode != 0
     assert "ConfigError: NEURONLOCAL_INSTANCE='trn9.huge' is unknown; choose one of" in r.stderr
+
+
+def test_histc_accepts_integers_like_device_kernels():
+    """transformers' MoE routing calls histc on int32 ids on accelerators (not on CPU)."""
+    ids = torch.tensor([0, 1, 1, 3, 3, 3], dtype=torch.int32)
+    got = torch.histc(ids.to("neuron"), bins=4, min=0, max=3)
+    assert got.dtype == torch.int32 and got.device.type == "neuron"
+    assert got.cpu().tolist() == [1, 2, 0, 3]
+    compiled = torch.compile(lambda e: torch.histc(e, bins=4, min=0, max=3), backend="neuron")
+    assert compiled(ids.to("neuron")).cpu().tolist() == [1, 2, 0, 3]
+    floats = torch.rand(50)
+    torch.testing.assert_close(torch.histc(floats.to("neuron"), 5).cpu(), torch.histc(floats, 5))

@@ -66,10 +66,23 @@ def _cpu(a: Any) -> Any:
     return a
 
 
+def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """torch.histc with the device semantics of eager/overrides.py (integer inputs allowed)."""
+    if x.is_floating_point():
+        return torch.histc(x, bins, min, max)
+    return torch.histc(x.double(), bins, min, max).to(x.dtype)
+
+
 def rewrite_to_cpu(gm: fx.GraphModule) -> fx.GraphModule:
-    """Device constants neuron -> cpu, and neuron tensor attributes -> CPU aliases."""
+    """Device constants neuron -> cpu, neuron tensor attributes -> CPU aliases, and ops whose
+    device kernel accepts more than the CPU kernel -> their wider host version."""
     for node in gm.graph.nodes:
         node.args, node.kwargs = _cpu(node.args), _cpu(node.kwargs)
+        if node.op == "call_function" and node.target in (torch.histc, torch.ops.aten.histc,
+                                                          torch.ops.aten.histc.default):
+            node.target = _histc
+        elif node.op == "call_method" and node.target == "histc":
+            node.op, node.target = "call_function", _histc
         if node.op == "get_attr":
             owner, _, name = node.target.rpartition(".")
             mod = gm.get_submodule(owner) if owner else gm

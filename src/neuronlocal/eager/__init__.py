@@ -6,6 +6,7 @@ import dataclasses
 
 from neuronlocal import _C
 from neuronlocal.config import Config
+from neuronlocal.eager import overrides
 from neuronlocal.eager.ops import CPU_FALLBACK_OPS, structured_ops
 
 
@@ -13,6 +14,7 @@ def register(cfg: Config) -> None:
     _C._set_policy(cfg.downcast_64bit, cfg.strict)
     _C._set_cpu_fallback_ops(sorted(CPU_FALLBACK_OPS))
     _C._register_direct(structured_ops())
+    overrides.register()
     _print_on_host()
 
 

@@ -105,7 +105,10 @@ def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
         wanted = set(only)
         archs = [a for a in archs if a[0] in wanted]
     json_path = out_dir / f"support-{task}.json"
-    rows = {} if force else load(json_path)
+    rows = load(json_path)
+    if force:  # rerun the selected architectures, keep the other rows
+        for model_type, _ in archs:
+            rows.pop(model_type, None)
     todo = [a for a in archs if rows.get(a[0], {}).get("status") not in DONE]
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool, \
             tqdm(total=len(archs), initial=len(archs) - len(todo), desc=f"support {task}",

@@ -234,6 +234,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
 def classify(rep: ModelReport) -> str:
     ran = [m for m in rep.modes.values() if m.cpu_ok]
     if not ran:
+        rep.error = rep.error or next((m.error for m in rep.modes.values() if m.error), None)
         return "cpu-fail"
     if any(not m.neuron_ok for m in ran):
         bad = next(m for m in ran if not m.neuron_ok)

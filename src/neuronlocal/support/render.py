@@ -23,6 +23,16 @@ def _mode_cell(row: dict[str, Any], mode: str) -> str:
     return "ok" if m.get("neuron_ok") else "FAIL"
 
 
+def _error(row: dict[str, Any]) -> str:
+    """The row's error, or the first mode's (a cpu-fail row carries it per mode)."""
+    if row.get("error"):
+        return str(row["error"])
+    for m in row.get("modes", {}).values():
+        if m.get("error"):
+            return str(m["error"])
+    return ""
+
+
 def markdown(data: dict[str, Any]) -> str:
     s = data["summary"]
     lines = [f"# Model support matrix: {data['task']}", "",
@@ -34,7 +44,7 @@ def markdown(data: dict[str, Any]) -> str:
              " | seconds | compiles | peak HBM MiB | fallbacks | error |",
              "|" + "---|" * (9 + len(MODES) - 4 + 3)]
     for r in data["models"]:
-        err = (r.get("error") or "").replace("|", "\\|").replace("\n", " ")[:120]
+        err = _error(r).replace("|", "\\|").replace("\n", " ")[:120]
         fb = ", ".join(r.get("fallback_ops", {})) or "-"
         lines.append(
             f"| {r['model_type']} | {r['architecture']} | {r['status']} | "
@@ -86,7 +96,7 @@ def html_page(data: dict[str, Any]) -> str:
                 f'<td>{r.get("compiles", 0)}</td>'
                 f'<td data-v="{r.get("peak_hbm", 0)}">{r.get("peak_hbm", 0) / 2**20:.1f}</td>'
                 f'<td>{html.escape(", ".join(r.get("fallback_ops", {})) or "-")}</td>'
-                f'<td class="e">{html.escape((r.get("error") or "")[:300])}</td>')
+                f'<td class="e">{html.escape(_error(r)[:300])}</td>')
         body.append(f"<tr>{tds}</tr>")
     return f"""<!doctype html><html><head><meta charset="utf-8">
 <title>neuronlocal support matrix: {data['task']}</title>

@@ -48,10 +48,10 @@ torch.utils.generate_methods_for_privateuse1_backend(
 )
 device.init()
 
-from neuronlocal import hf  # noqa: E402
+from neuronlocal import distributed, hf  # noqa: E402
 
+distributed.register()
 hf.register()
-__import__("neuronlocal.distributed").distributed.register()
 
 __version__ = "0.1.0"
 __all__ = [

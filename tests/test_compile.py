@@ -99,6 +99,29 @@ def test_hf_models(kind):
     check_train_step(_Logits(_hf_model(kind)), (ids,), atol=2e-4)
 
 
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_changing_sequence_lengths_default_dynamo_config(kind):
+    """A second and third sequence length (Dynamo's automatic dynamic shapes, the default)
+    train and match CPU; each concrete shape is one static graph."""
+    assert torch._dynamo.config.automatic_dynamic_shapes
+    model = _Logits(_hf_model(kind))
+    dev = copy.deepcopy(model).to("neuron")
+    step = torch.compile(dev, backend="neuron")
+    for n in (10, 17, 23):
+        ids = torch.randint(0, 128, (2, n))
+        model.zero_grad()
+        dev.zero_grad()
+        out_c, out_n = model(ids), step(ids.to("neuron"))
+        torch.testing.assert_close(out_n.cpu(), out_c, atol=2e-4, rtol=1e-4)
+        out_c.square().mean().backward()
+        out_n.square().mean().backward()
+        for (name, pc), pn in zip(model.named_parameters(), dev.parameters(), strict=True):
+            torch.testing.assert_close(pn.grad.cpu(), pc.grad, atol=2e-4, rtol=1e-3, msg=name)
+    shapes = [g["input_shapes"] for g in torch.neuron.get_dynamo_metrics()["graphs"]]
+    seqs = sorted({s[1] for shape in shapes for s in shape if len(s) == 2 and s[0] == 2})
+    assert seqs == [10, 17, 23]
+
+
 def test_training_matches_eager_over_steps():
     cpu = mlp()
     dev = copy.deepcopy(cpu).to("neuron")

@@ -437,27 +437,49 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 
 // scaled_dot_product_attention asks a DispatchStub which fused kernel to use; without a
 // PrivateUse1 entry it takes the unfused math path, whose numerics differ from CPU's.
-// Neuron makes CPU's choice (on aliases), so SDPA runs CPU's flash kernel, forward and
-// backward, through the fallback.
-// The choice depends on requires_grad (fused kernels are not differentiable w.r.t. every
-// input), so the aliases carry it.
-at::Tensor choice_alias(const at::Tensor& t) {
-  auto a = t.device().type() == kNeuron ? cpu_alias(t) : t.detach();
-  if (t.requires_grad()) a.requires_grad_(true);
-  return a;
+// Neuron makes CPU's choice, so SDPA runs CPU's flash kernel, forward and backward,
+// through the fallback. The choice reads metadata only (dtype, sizes, strides,
+// requires_grad: fused kernels are not differentiable w.r.t. every input), so it is asked
+// on data-less CPU stand-ins. Under torch.compile the inputs are fake tensors whose sizes
+// can be symbolic (Dynamo's automatic dynamic shapes): a symbolic size becomes a stand-in
+// value, equal for equal expressions, without adding a guard, so the traced graph stays
+// symbolic and the backend still compiles one static graph per concrete shape.
+using SymbolValues = std::unordered_map<std::string, int64_t>;
+
+int64_t stand_in(const c10::SymInt& s, SymbolValues& symbols) {
+  if (auto v = s.maybe_as_int()) return *v;
+  auto key = s.toSymNodeImplUnowned()->str();
+  auto it = symbols.find(key);
+  if (it != symbols.end()) return it->second;
+  const int64_t v = 64 + 8 * static_cast<int64_t>(symbols.size());
+  symbols.emplace(std::move(key), v);
+  return v;
+}
+
+at::Tensor choice_stand_in(const at::Tensor& t, SymbolValues& symbols) {
+  std::vector<int64_t> sizes, strides;
+  for (const auto& s : t.sym_sizes()) sizes.push_back(stand_in(s, symbols));
+  for (const auto& s : t.sym_strides()) strides.push_back(stand_in(s, symbols));
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, c10::GetCPUAllocator(), false);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(empty), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  if (t.requires_grad()) out.requires_grad_(true);
+  return out;
 }
 
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
-  // Under FakeTensorMode (torch.compile tracing) the inputs are fakes: the choice only
-  // reads metadata, so ask CPU directly, below the Python mode that would reject aliases.
+  // Below the Python modes (FakeTensorMode while tracing): the stand-ins are plain CPU.
   c10::impl::ExcludeDispatchKeyGuard no_python(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  SymbolValues symbols;
   std::optional<at::Tensor> m;
-  if (mask && mask->defined()) m = choice_alias(*mask);
-  return at::_fused_sdp_choice(choice_alias(q), choice_alias(k), choice_alias(v), m, dropout_p,
-                               is_causal, scale, enable_gqa);
+  if (mask && mask->defined()) m = choice_stand_in(*mask, symbols);
+  return at::_fused_sdp_choice(choice_stand_in(q, symbols), choice_stand_in(k, symbols),
+                               choice_stand_in(v, symbols), m, dropout_p, is_causal, scale,
+                               enable_gqa);
 }
 
 std::vector<std::unique_ptr<torch::Library>>& direct_libs() {

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import copy
-import json
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -157,6 +155,70 @@ def test_static_shapes_compile_once_per_shape():
     assert kinds <= {"static", "specialized"}
 
 
+def test_default_backend_on_neuron_matches_cpu():
+    """torch.compile(model) with no backend (Inductor) on neuron tensors compiles through the
+    neuron backend and matches CPU, forward and backward."""
+    cpu = mlp()
+    dev = copy.deepcopy(cpu).to("neuron")
+    x = torch.randn(4, 16)
+    out_n = torch.compile(dev)(x.to("neuron"))
+    out_c = cpu(x)
+    torch.testing.assert_close(out_n.cpu(), out_c)
+    out_n.square().sum().backward()
+    out_c.square().sum().backward()
+    for pc, pn in zip(cpu.parameters(), dev.parameters(), strict=True):
+        assert pn.grad.device.type == "neuron"
+        torch.testing.assert_close(pn.grad.cpu(), pc.grad)
+    assert compiles() == 1
+
+
+def test_default_backend_leaves_cpu_graphs_to_inductor():
+    fn = torch.compile(lambda x: torch.sin(x) * 2)
+    out = fn(torch.ones(3))
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, torch.sin(torch.ones(3)) * 2)
+    assert compiles() == 0
+
+
+def test_output_moved_to_cpu_stays_on_cpu():
+    out = torch.compile(lambda a: (a + 1).cpu(), backend="neuron")(torch.ones(2, device="neuron"))
+    assert out.device.type == "cpu" and out.tolist() == [2.0, 2.0]
+
+
+def test_flex_attention_refusal_is_clear():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.randn(1, 2, 16, 8, device="neuron")
+    for fn in (flex_attention, torch.compile(flex_attention, backend="neuron")):
+        with pytest.raises(ValueError, match="FlexAttention is only supported on"):
+            fn(q, q, q)
+
+
+def test_dynamo_device_interface():
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    iface = get_interface_for_device("neuron")
+    assert iface.device_count() == torch.neuron.device_count()
+    assert iface.current_device() == torch.neuron.current_device()
+    assert iface.is_available()
+
+
+def test_mark_dynamic_specializes_with_one_warning(monkeypatch):
+    from neuronlocal.compile import backend
+
+    monkeypatch.setattr(backend, "_warned", set())
+    fn = torch.compile(lambda x: x.softmax(-1) * 2, backend="neuron")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for n in (8, 12, 16):
+            x = torch.randn(2, n, device="neuron")
+            torch._dynamo.mark_dynamic(x, 1)
+            torch.testing.assert_close(fn(x).cpu(), x.cpu().softmax(-1) * 2)
+    graphs = torch.neuron.get_dynamo_metrics()["graphs"]
+    assert [g["kind"] for g in graphs] == ["specialized"] * 3
+    assert len([w for w in seen if "once per concrete shape" in str(w.message)]) == 1
+
+
 def test_dynamic_true_rejected():
     fn = torch.compile(lambda x: x + 1, backend="neuron", dynamic=True)
     with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):
@@ -188,10 +250,16 @@ def test_graph_break_fullgraph_false():
 
 
 def test_cpu_inputs_are_copied(monkeypatch):
-    """A graph compiled for neuron takes CPU inputs and returns neuron outputs (spec 3.4)."""
+    """A graph compiled for neuron takes CPU inputs and returns neuron outputs, as
+    TorchNeuron copies CPU inputs to the device; RETAIN_DEVICE_MODE keeps them on CPU."""
     fn = torch.compile(lambda x, y: x + y, backend="neuron")
     out = fn(torch.ones(3), torch.ones(3))
     assert out.device.type == "neuron" and out.sum().item() == 6
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCH_NEURONX_RETAIN_DEVICE_MODE", "1")
+    out = torch.compile(lambda x, y: x * y, backend="neuron")(torch.ones(3), torch.ones(3))
+    assert out.device.type == "cpu" and out.sum().item() == 3
+    monkeypatch.delenv("TORCH_NEURONX_RETAIN_DEVICE_MODE")
     torch._dynamo.reset()
     monkeypatch.setenv("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "1")
     with pytest.raises(Exception, match="DISABLE_CPU_AUTOCOPY"):
@@ -243,71 +311,6 @@ def test_recompile_reason_recorded():
     fn(x, 3)
     reasons = torch.neuron.get_dynamo_metrics()["recompiles"]
     assert reasons and any("n" in r["reason"] for r in reasons)
-
-
-_WARM = """
-import os, torch
-torch.manual_seed(0)
-m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to("neuron")
-out = torch.compile(m, backend="neuron")(torch.ones(2, 8, device="neuron"))
-out.sum().backward()
-import json
-g = torch.neuron.get_dynamo_metrics()["graphs"]
-print(json.dumps([x["cache"] for x in g]))
-"""
-
-
-def _run(fresh_python, tmp_path, code=_WARM):
-    env = {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
-           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
-    r = fresh_python(code, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1]), r
-
-
-def test_warm_cache_in_new_process(fresh_python, tmp_path):
-    cold, _ = _run(fresh_python, tmp_path)
-    assert cold == ["miss"]
-    warm, _ = _run(fresh_python, tmp_path)
-    assert warm == ["hit"]
-
-
-def test_corrupt_entry_recompiles(fresh_python, tmp_path):
-    _run(fresh_python, tmp_path)
-    entries = list((tmp_path / "neff").glob("*.neff"))
-    assert entries
-    for e in entries:
-        e.write_bytes(e.read_bytes()[:10])  # truncated
-    again, r = _run(fresh_python, tmp_path)
-    assert again == ["miss"] and "corrupt" in r.stderr
-    assert all(json.loads(e.read_bytes())["key"] for e in (tmp_path / "neff").glob("*.neff"))
-
-
-def test_concurrent_writers(tmp_path):
-    import subprocess
-    import sys
-
-    env = {**__import__("os").environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
-           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
-    procs = [subprocess.Popen([sys.executable, "-c", _WARM], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-2000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    assert sorted(r[0] for r in results) in (["hit", "miss"], ["miss", "miss"])
-    entries = list((tmp_path / "neff").glob("*.neff"))
-    assert entries and all(json.loads(e.read_bytes())["format"] == 1 for e in entries)
-
-
-def test_cache_disabled(fresh_python, tmp_path):
-    code = _WARM
-    env = {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
-           "TORCH_NEURONX_DISABLE_NEFF_CACHE": "1"}
-    r = fresh_python(code, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert not list(Path(tmp_path / "neff").glob("*.neff"))
 
 
 def test_bucketing():

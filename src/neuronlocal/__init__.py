@@ -9,7 +9,9 @@ imports this package. Importing it registers everything, once, in this order:
 4. eager policy: CPU-fallback op list, 64-bit policy, direct kernels (eager);
 5. register `torch.neuron` (device) and generate `.neuron()` methods;
 6. c10d backend `neuron` and functional-collective kernels (distributed), if available;
-7. Hugging Face glue: lazy import hooks, nothing imported now (hf).
+7. torch.compile seams: Dynamo's device interface and the default (Inductor) backend on
+   neuron, installed when those PyTorch modules are imported (compile.inductor);
+8. Hugging Face glue: lazy import hooks, nothing imported now (hf).
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ torch.utils.generate_methods_for_privateuse1_backend(
 device.init()
 
 from neuronlocal import distributed, hf  # noqa: E402
+from neuronlocal.compile import inductor as _inductor  # noqa: E402
 
 distributed.register()
+_inductor.register()
 hf.register()
 
 __version__ = "0.1.0"

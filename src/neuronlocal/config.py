@@ -31,15 +31,22 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Compute float64/int64 as 32-bit and cast back, as Trainium does. 0 keeps 64 bits."),
     EnvVar("NEURONLOCAL_STRICT", "0",
            "1 turns CPU-fallback ops and float64 compute into errors (for CI)."),
-    EnvVar("TORCH_NEURONX_NEFF_CACHE_DIR", "/tmp/neff_cache",
-           "Persistent compile cache (entries + Inductor artifacts); share it between runs."),
-    EnvVar("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "/tmp/local_cache",
-           "Lock files that serialise concurrent compiles of one graph."),
+    EnvVar("TORCH_NEURONX_NEFF_CACHE_DIR", "$TMPDIR/neff_cache_<user>",
+           "Persistent compile cache (Inductor artifacts + verified entries). Must be owned "
+           "by you and not writable by others; a read-only cache still serves hits."),
+    EnvVar("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "$TMPDIR/local_cache_<user>",
+           "Lock files that serialise concurrent compiles of one graph (private, like the "
+           "cache)."),
     EnvVar("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "600",
            "Seconds to wait for another process compiling the same graph."),
-    EnvVar("TORCH_NEURONX_DISABLE_NEFF_CACHE", "0", "1 turns the compile cache off (both tiers)."),
+    EnvVar("TORCH_NEURONX_DISABLE_NEFF_CACHE", "0",
+           "1 turns the compile cache off (both tiers); nothing is written to its directory."),
+    EnvVar("TORCH_NEURONX_NEFF_DISABLE_CACHE", "0",
+           "Alternative spelling of TORCH_NEURONX_DISABLE_NEFF_CACHE."),
     EnvVar("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1",
            "A graph that fails to compile raises; 0 runs it eagerly with a warning."),
+    EnvVar("TORCH_NEURONX_RETAIN_DEVICE_MODE", "0",
+           "1 keeps outputs of compiled graphs fed only CPU tensors on the CPU."),
     EnvVar("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "0",
            "1 makes CPU tensors passed to a compiled graph an error instead of a copy."),
     EnvVar("NEURONLOCAL_DIST_CHECKS", "0",
@@ -71,6 +78,39 @@ def _flag(name: str, default: bool) -> bool:
     if value in _FALSE:
         return False
     raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0.")
+
+
+_TABLE = {v.name: v for v in ENV_VARS}
+
+
+def _known(name: str) -> EnvVar:
+    try:
+        return _TABLE[name]
+    except KeyError:
+        raise KeyError(f"{name} is not in neuronlocal.config.ENV_VARS; add it there.") from None
+
+
+def env_str(name: str) -> str | None:
+    """The raw value of a listed variable, stripped; None when unset or empty."""
+    _known(name)
+    raw = os.environ.get(name)
+    return raw.strip() if raw is not None and raw.strip() else None
+
+
+def env_flag(name: str) -> bool:
+    """A listed boolean variable: 1/true/yes/on or 0/false/no/off; anything else is an error."""
+    var = _known(name)
+    return _flag(name, var.default.strip().lower() in _TRUE)
+
+
+def env_float(name: str) -> float:
+    """A listed numeric variable (its table default when unset)."""
+    var = _known(name)
+    raw = env_str(name)
+    try:
+        return float(raw if raw is not None else var.default)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number.") from None
 
 
 def parse_bytes(name: str, raw: str) -> int:

@@ -4,13 +4,18 @@ transformers 5.24, accelerate 1.15, peft 0.21, trl and diffusers already know th
 device (`is_torch_neuron_available`, `Accelerator` picking neuron, generate() compiling on
 backend `neuron`, `TrainingArguments` choosing `neuron:0`). What was found missing is patched
 here, one function per upstream gap, each with its reason. Nothing is imported at `import torch`
-time: `register()` installs an import hook that patches a module right after it has executed,
+time: `register()` asks neuronlocal.patching to patch each module right after it has executed,
 so `from module import name` elsewhere already sees the patched name.
 
 Patches (see `PATCHES`):
 - accelerate.utils.modeling.get_max_memory: its device list has npu, mlu, sdaa, musa, xpu, hpu
   and cuda but no neuron, so `device_map="auto"` finds no accelerator and puts the whole model
   on the CPU. On neuron it now returns each logical core's free HBM (as for a GPU).
+- transformers.modeling_utils.PreTrainedModel (`to`, `_finalize_model_loading`): PyTorch's
+  FlexAttention refuses devices other than CUDA, CPU, HPU and MPS, which transformers only
+  finds out at the first forward, deep inside a compile. A model using
+  `attn_implementation="flex_attention"` now fails up front when it is moved or loaded onto
+  neuron, naming the fix (sdpa or eager).
 
 Checked and left alone (no patch needed): the threaded weight loader (with and without
 HF_DEACTIVATE_ASYNC_LOAD=1), peft.utils.infer_device (returns "cpu"; adapters still load onto
@@ -20,21 +25,13 @@ diffusers pipelines.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import logging
-import sys
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
-
-_lock = threading.Lock()
-_applied: set[str] = set()
+from neuronlocal import patching
 
 
 def _neuron_is_the_accelerator() -> bool:
@@ -83,71 +80,58 @@ def _patch_accelerate_modeling(mod: ModuleType) -> None:
     mod.get_max_memory = get_max_memory
 
 
+def _flex_attention_on_neuron(model: torch.nn.Module) -> None:
+    """Raises if `model` uses flex_attention (on any of its configs) and sits on neuron."""
+    configs = [getattr(model, "config", None)]
+    configs += [getattr(configs[0], name, None) for name in
+                getattr(configs[0], "sub_configs", None) or {}]
+    if not any(getattr(c, "_attn_implementation", None) == "flex_attention" for c in configs):
+        return
+    raise ValueError(
+        f"{type(model).__name__} uses attn_implementation='flex_attention', which cannot run "
+        "on neuron: PyTorch's FlexAttention supports only CUDA, CPU, HPU and MPS devices. Load "
+        "it with attn_implementation='sdpa' (or 'eager'), or call "
+        "model.set_attn_implementation('sdpa') before moving it to neuron.")
+
+
+def _patch_transformers_modeling(mod: ModuleType) -> None:
+    """PreTrainedModel: refuse flex_attention on neuron when the model gets there."""
+    cls = mod.PreTrainedModel
+    if getattr(cls.to, "_neuronlocal", False):
+        return
+    original_to, original_finalize = cls.to, cls._finalize_model_loading
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is not None and device.type == "neuron":
+            _flex_attention_on_neuron(self)
+        return original_to(self, *args, **kwargs)
+
+    def _finalize_model_loading(model: Any, *args: Any, **kwargs: Any) -> Any:
+        info = original_finalize(model, *args, **kwargs)
+        if any(p.device.type == "neuron" for p in model.parameters()):
+            _flex_attention_on_neuron(model)
+        return info
+
+    to._neuronlocal = True  # type: ignore[attr-defined]
+    to.__doc__ = original_to.__doc__
+    cls.to = to
+    cls._finalize_model_loading = staticmethod(_finalize_model_loading)
+
+
 # module name -> patch, applied once right after the module has executed.
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "accelerate.utils.modeling": _patch_accelerate_modeling,
+    "transformers.modeling_utils": _patch_transformers_modeling,
 }
 
 
-def _apply(name: str, module: ModuleType) -> None:
-    with _lock:
-        if name in _applied:
-            return
-        _applied.add(name)
-    try:
-        PATCHES[name](module)
-    except Exception as exc:  # a library version we do not know: leave it unpatched
-        logger.warning("neuronlocal.hf: could not patch %s (%s); it runs unpatched.", name, exc)
-
-
-class _Loader(importlib.abc.Loader):
-    """Runs the real loader, then our patch for the module."""
-
-    def __init__(self, inner: importlib.abc.Loader, name: str) -> None:
-        self._inner = inner
-        self._name = name
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)
-        _apply(self._name, module)
-
-    def __getattr__(self, attr: str) -> Any:  # get_resource_reader, is_package, ...
-        return getattr(self._inner, attr)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of the modules in PATCHES."""
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in PATCHES or fullname in _applied:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, fullname)
-                return spec
-        return None
-
-
-_finder = _Finder()
-
-
 def register() -> None:
-    """Patches modules already imported, and the others when they are imported."""
-    for name in PATCHES:
-        if name in sys.modules:
-            _apply(name, sys.modules[name])
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
+    """Patches the modules in PATCHES when they are imported (or now, if they are)."""
+    for name, patch in PATCHES.items():
+        patching.after_import(name, patch)
 
 
 def applied() -> list[str]:
-    """Modules patched so far in this process (for tests and `neuronlocal info`)."""
-    return sorted(_applied)
+    """Hugging Face modules patched so far in this process (for tests and `neuronlocal info`)."""
+    return [name for name in patching.applied() if name in PATCHES]

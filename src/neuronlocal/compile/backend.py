@@ -1,29 +1,28 @@
-"""torch.compile(backend="neuron"): Dynamo -> AOTAutograd -> Inductor C++ code on host memory.
+"""torch.compile(backend="neuron"): Dynamo -> stock Inductor for CPU -> a zero-copy bridge.
 
-TorchNeuron lowers graphs to StableHLO and neuronx-cc (spec 3.1). Here the graph is
-compiled by stock Inductor for CPU (path B of DESIGN.md): device constants in the graph
-are rewritten from neuron to cpu, Inductor compiles on CPU aliases of the example inputs,
-and each compiled forward/backward runs through a zero-copy bridge (csrc/bridge.cpp):
-neuron inputs in as CPU aliases, CPU outputs adopted as neuron tensors. AOTAutograd's
-runtime stays on neuron tensors, so autograd, parameters and gradients never leave neuron.
+TorchNeuron lowers each Dynamo graph to StableHLO and compiles it with neuronx-cc. Here the
+graph is compiled by stock Inductor as a CPU graph: a copy of the Dynamo graph has its device
+constants rewritten from neuron to cpu and is compiled on CPU aliases of the inputs, so
+Inductor and AOTAutograd (and their caches) see exactly a CPU compile. The compiled function
+runs through `bridge.CompiledGraph`, which hands it aliases of the neuron tensors and adopts
+its outputs, with autograd crossing at the Function level (docs/architecture.md).
 
-Trainium rules (spec 3.2): `dynamic=True` is rejected; graphs are static, and when
-Dynamo's automatic dynamic shapes hands us a symbolic graph it is specialised per concrete
-shape at run time, so every new shape compiles once. Modes other than "default" warn once
-and act as default. A graph that fails to compile raises (TORCH_NEURONX_DISABLE_FALLBACK_
-EXECUTION, default 1) or runs eagerly with a warning (set to 0).
+Trainium's rules: `dynamic=True` is rejected; every concrete shape compiles its own static
+graph. When Dynamo's automatic dynamic shapes (or `mark_dynamic`) hand the backend a
+symbolic graph, it is specialised per concrete shape at run time, and the record says so.
+Modes other than "default" warn once and act as default. A graph that fails to compile
+raises NEFFCompilationError (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1, the default) or
+runs eagerly with a warning (=0).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,12 +30,14 @@ from torch import fx
 
 from neuronlocal import _C
 from neuronlocal.compile import metrics
-from neuronlocal.compile.cache import NeffCache, disabled, graph_key
+from neuronlocal.compile.bridge import CompiledGraph, output_devices
+from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
+from neuronlocal.config import env_flag
 
 log = logging.getLogger("neuronlocal.compile")
 _NEURON = re.compile(r"^neuron(:\d+)?$")
 _CACHE = NeffCache()
-_warned_modes: set[str] = set()
+_warned: set[str] = set()
 
 
 class NEFFCompilationError(RuntimeError):
@@ -47,11 +48,10 @@ class NeuronDynamicShapesError(NEFFCompilationError):
     """dynamic=True was requested; Trainium compiles static shapes only."""
 
 
-def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
 
 
 def _cpu(a: Any) -> Any:
@@ -67,10 +67,10 @@ def _cpu(a: Any) -> Any:
 
 
 def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
-    """torch.histc with the device semantics of eager/overrides.py (integer inputs allowed)."""
-    if x.is_floating_point():
-        return torch.histc(x, bins, min, max)
-    return torch.histc(x.double(), bins, min, max).to(x.dtype)
+    """torch.histc with neuron's device semantics (integer inputs allowed, as on device)."""
+    from neuronlocal.eager.overrides import histc_host
+
+    return histc_host(x, bins, min, max)
 
 
 def rewrite_to_cpu(gm: fx.GraphModule) -> fx.GraphModule:
@@ -113,62 +113,10 @@ def _meta(x: Any) -> Any:
     return type(x).__name__ if not isinstance(x, (int, float, bool)) else x
 
 
-class _Bridged:
-    """An Inductor OutputCode called on CPU aliases, returning neuron tensors."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        # An instance attribute, so wrappers made with functools.wraps (AOTAutograd wraps the
-        # backward in torch._dynamo.disable) still see the boxed calling convention.
-        self._boxed_call = True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def __call__(self, *call_args: Any) -> list[Any]:
-        # AOTAutograd calls boxed (one list it hands over) or unboxed (positional) code.
-        boxed = len(call_args) == 1 and isinstance(call_args[0], list)
-        args = call_args[0] if boxed else list(call_args)
-        cpu_args, index = _C._bridge_in(args)
-        if boxed:
-            args.clear()
-        outs = self.inner(cpu_args)
-        return _C._bridge_out(list(outs), index)
-
-
-def _bridged_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
-    from torch._inductor.compile_fx import compile_fx_inner
-
-    return _Bridged(compile_fx_inner(gm, example_inputs, **kwargs))
-
-
-@contextlib.contextmanager
-def _inductor_cache_in_neff_dir() -> Iterator[None]:
-    """Points Inductor's caches into the NEFF cache dir, or disables them with it.
-
-    AOTAutograd's own cache stays off: a hit there would skip our bridged inner compiler.
-    """
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    user_dir = os.environ.get("NEURONLOCAL_USER_INDUCTOR_CACHE_DIR")
-    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = user_dir or str(_CACHE.inductor_dir)
-    try:
-        with inductor_config.patch(force_disable_caches=disabled()), \
-                functorch_config.patch(enable_autograd_cache=False):
-            yield
-    finally:
-        if old is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
-
-
 def _fallback_allowed(options: dict[str, Any]) -> bool:
     if "fallback_execution" in options:
         return bool(options["fallback_execution"])
-    return not _flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", True)
+    return not env_flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION")
 
 
 def _graph_name(gm: fx.GraphModule, model_name: str | None, graph_id: int) -> str:
@@ -176,38 +124,68 @@ def _graph_name(gm: fx.GraphModule, model_name: str | None, graph_id: int) -> st
     return f"{base}_{graph_id}"
 
 
+def _cache_counters() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    return (counters["aot_autograd"]["autograd_cache_hit"],
+            counters["inductor"]["fxgraph_cache_hit"])
+
+
+def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
+                 config_patches: dict[str, Any] | None) -> Callable[..., Any]:
+    from torch._functorch import config as functorch_config
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from neuronlocal.compile.inductor import stock_compile_fx
+
+    # As under Dynamo: fake inputs from a mode with a shape environment, inside a tracing
+    # context. Inductor's and AOTAutograd's caches need both (a bare compile bypasses them).
+    # Shapes are static: every size is a plain integer.
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+             for x in examples]
+    # The backward compiles with the forward, under the graph's lock, so a concurrent
+    # process finds a complete cache entry and never compiles the same backward again.
+    with tracing(TracingContext(fake_mode)), \
+            functorch_config.patch(force_non_lazy_backward_lowering=True):
+        return stock_compile_fx()(cpu_gm, fakes, config_patches=config_patches or None)
+
+
 def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
                    kind: str = "static", extra: dict[str, Any] | None = None
                    ) -> Callable[..., Any]:
-    """Compiles one static graph (or returns it from the cache) and records its metrics."""
-    from torch._inductor.compile_fx import compile_fx
-
-    original = gm
+    """Compiles one static graph (or takes it from the cache) and records its metrics."""
     graph_id = metrics.next_graph_id()
     name = _graph_name(gm, options.get("model_name") or metrics.get_model_name(), graph_id)
     nodes = len(gm.graph.nodes)
     collectives = any("c10d" in str(getattr(n.target, "namespace", n.target))
                       for n in gm.graph.nodes if n.op == "call_function")
+    to_neuron = output_devices(gm)
     cpu_gm = rewrite_to_cpu(copy.deepcopy(gm))
     examples = [_example(x) for x in example_inputs]
+    patches = options.get("config_patches")
     key = graph_key(cpu_gm.code, [_meta(x) for x in example_inputs],
-                    {"grad": torch.is_grad_enabled()})
+                    {"grad": torch.is_grad_enabled(), "patches": repr(sorted((patches or {})
+                                                                             .items()))})
     start = time.perf_counter()
-    cache_state = "miss"
-    compiled = None if disabled() else _CACHE.memory.get(key)
-    if compiled is not None:
-        cache_state = "hit"
-    else:
+    cache_state = "hit"
+    compiled = _CACHE.memory.get(key)
+    if compiled is None:
+        state = _CACHE.state()
         try:
-            with _CACHE.lock(key):
-                entry = _CACHE.lookup(key)
-                before = _CACHE.snapshot() if entry is None and not disabled() else set()
-                with _inductor_cache_in_neff_dir():
-                    compiled = compile_fx(cpu_gm, examples, inner_compile=_bridged_inner)
-                if entry is None:
-                    _CACHE.store(key, name, before)
-                else:
-                    cache_state = "hit"
+            with _CACHE.lock(key, state):
+                entry = _CACHE.lookup(key, state)
+                cacheable = state.mode == "rw" or entry is not None
+                before = _CACHE.snapshot(state) if state.mode == "rw" and entry is None else None
+                hits = _cache_counters()
+                with inductor_dirs(_CACHE, state, cacheable):
+                    fn = _compile_cpu(cpu_gm, examples, patches)
+                if _cache_counters() == hits:
+                    cache_state = "miss"
+                if before is not None:
+                    _CACHE.store(key, name, before, state)
         except Exception as err:
             if isinstance(err, NEFFCompilationError) or not _fallback_allowed(options):
                 raise NEFFCompilationError(
@@ -217,8 +195,9 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
             warnings.warn(f"neuron could not compile graph {name!r} ({type(err).__name__}: "
                           f"{err}); running it eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
                           "=0).", stacklevel=2)
-            return original.forward
-        if not disabled():
+            return gm.forward
+        compiled = CompiledGraph(fn, to_neuron)
+        if state.mode != "off":
             _CACHE.memory[key] = compiled
     seconds = time.perf_counter() - start
     shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
@@ -249,7 +228,8 @@ class _Specializer:
     Compiling with the real inputs of the call, outside Dynamo's tracing context, keeps
     Dynamo's fake tensors and shape symbols (all on neuron) out of Inductor's CPU compile.
     A static graph has no symbolic positions and so compiles exactly once; a symbolic one
-    (Dynamo's automatic dynamic shapes) compiles once per new shape, as on Trainium.
+    (Dynamo's automatic dynamic shapes, `mark_dynamic`) compiles once per new shape, as
+    on Trainium.
     """
 
     def __init__(self, gm: fx.GraphModule, options: dict[str, Any]) -> None:
@@ -262,6 +242,11 @@ class _Specializer:
         cid = torch._guards.CompileContext.current_compile_id()
         self.extra = {"compile_id": str(cid)} if cid is not None else {}
         self.names: dict[tuple[Any, ...], str] = {}
+        if self.positions:
+            _warn_once("symbolic", "neuron compiles static shapes: a graph with dynamic "
+                       "dimensions (Dynamo's automatic dynamic shapes or mark_dynamic) is "
+                       "compiled once per concrete shape, as on Trainium. Pad inputs to a few "
+                       "sizes (neuronlocal.compile.bucketing.pad_to_bucket) to bound compiles.")
 
     def __call__(self, *args: Any) -> Any:
         key = tuple((tuple(a.shape), tuple(a.stride())) if isinstance(a, torch.Tensor) else a
@@ -285,16 +270,15 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str 
                    options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The Dynamo backend registered as "neuron" (entry point `torch_dynamo_backends`)."""
     options = dict(options or {})
-    if mode and mode != "default" and mode not in _warned_modes:
-        _warned_modes.add(mode)
-        warnings.warn(f"torch.compile mode={mode!r} is not supported on neuron; compiling with "
-                      "the default mode (TorchNeuron ignores other modes too).", stacklevel=2)
+    if mode and mode != "default":
+        _warn_once(f"mode:{mode}", f"torch.compile mode={mode!r} is not supported on neuron; "
+                   "compiling with the default mode (TorchNeuron ignores other modes too).")
     if not torch._dynamo.config.assume_static_by_default:
         raise NeuronDynamicShapesError(
             "torch.compile(dynamic=True) is not supported by the neuron backend: Trainium compiles "
             "static shapes and every new shape compiles once. Use dynamic=False (or leave it "
             "unset) and pad inputs to a few sizes (neuronlocal.compile.bucketing.pad_to_bucket).")
-    if _flag("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", False):
+    if env_flag("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY"):
         for i, x in enumerate(example_inputs):
             if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() > 0:
                 raise NEFFCompilationError(

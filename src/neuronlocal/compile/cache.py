@@ -1,26 +1,35 @@
-"""The two-tier compile cache: in memory, then on disk ("NEFF cache", spec 3.3).
+"""The persistent compile cache ("NEFF cache"): Inductor's own caches, guarded and verified.
 
-Tier 1 is a dict in this process. Tier 2 is a directory (`TORCH_NEURONX_NEFF_CACHE_DIR`,
-default /tmp/neff_cache): Inductor's FX-graph and AOTAutograd caches are pointed inside
-it, so the compiled artifacts themselves live there, and for each graph we write an
-entry `<key>.neff` (JSON) that names the artifact files the compile produced, with their
-SHA-256. On a lookup the entry and its files are verified; a corrupt or truncated entry
-is removed (with its files) and the graph recompiles with a warning, never a crash.
+TorchNeuron keeps compiled graphs in `TORCH_NEURONX_NEFF_CACHE_DIR` and serialises concurrent
+compiles of one graph with lock files in `TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR`. Here the
+compiled artifacts are stock Inductor's (its FX-graph and AOTAutograd caches, pointed inside
+the cache directory), so a warm process skips tracing, codegen and the C++ build exactly as
+stock Inductor does. Next to them, each graph gets an entry `<key>.neff` (JSON) naming the
+artifact files its compile produced, with their SHA-256; a lookup verifies them, and a
+corrupt entry is removed with its files and the graph recompiles with a warning.
 
-Writes are atomic (temp file + rename). Compiles of the same key from concurrent
-processes are serialised by a lock file in `TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR` with a
-timeout (`TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT`, seconds). `TORCH_NEURONX_DISABLE_NEFF_CACHE=1`
-turns both tiers off. Entries travel with torch.compiler.save_cache_artifacts() through
-Inductor's own artifacts, which are what a warm process loads.
+Inductor's cache holds Python and shared objects that run in this process, so the
+directories must be private: the defaults are per user (`neff_cache_<user>` and
+`local_cache_<user>` in the temp directory), created 0700, and any directory the current
+user does not own, or that others can write, is refused with a one-line warning; the
+graph then compiles without the persistent cache. Lock files are opened without following
+links. Entry file names are checked to stay inside the cache directory before anything
+is read or removed. A read-only cache still serves hits; a miss then compiles privately.
+`TORCH_NEURONX_DISABLE_NEFF_CACHE=1` writes nothing to the cache directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import getpass
 import hashlib
 import json
 import os
+import re
+import shutil
+import stat
 import tempfile
 import time
 import warnings
@@ -29,35 +38,76 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.config import env_flag, env_float, env_str
+
 ENTRY_SUFFIX = ".neff"
-FORMAT = 1
+FORMAT = 2
+_KEY = re.compile(r"^[0-9a-f]{16,64}$")
+
+
+def _user() -> str:
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        name = f"uid{os.getuid()}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR", "/tmp/neff_cache"))
+    raw = env_str("TORCH_NEURONX_NEFF_CACHE_DIR")
+    return Path(raw) if raw else Path(tempfile.gettempdir()) / f"neff_cache_{_user()}"
 
 
 def lock_dir() -> Path:
-    return Path(os.environ.get("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "/tmp/local_cache"))
+    raw = env_str("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR")
+    return Path(raw) if raw else Path(tempfile.gettempdir()) / f"local_cache_{_user()}"
 
 
 def disabled() -> bool:
-    return os.environ.get("TORCH_NEURONX_DISABLE_NEFF_CACHE", "0").strip().lower() in {
-        "1", "true", "yes", "on"} or os.environ.get(
-        "TORCH_NEURONX_NEFF_DISABLE_CACHE", "0").strip() == "1"
+    return env_flag("TORCH_NEURONX_DISABLE_NEFF_CACHE") or env_flag(
+        "TORCH_NEURONX_NEFF_DISABLE_CACHE")
 
 
 def lock_timeout() -> float:
-    raw = os.environ.get("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "600")
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT={raw!r} is not a number of "
-                         "seconds.") from None
+    return env_float("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT")
 
 
 class CacheLockTimeout(TimeoutError):
     """Another process held the compile lock of this graph for longer than the timeout."""
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def private_dir(path: Path, what: str) -> str | None:
+    """Creates `path` (0700) if missing; returns why it must not be used, or None.
+
+    A directory is usable when the current user owns it (and the link, if it is one) and
+    neither group nor others can write it: anything in it may end up executed.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        link = os.lstat(path)
+        st = os.stat(path)
+    except OSError as err:
+        return f"{what} {path} cannot be created or read ({err.strerror})"
+    uid = os.getuid()
+    if stat.S_ISLNK(link.st_mode) and link.st_uid != uid:
+        return f"{what} {path} is a symbolic link owned by another user"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{what} {path} is not a directory"
+    if st.st_uid != uid:
+        return f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{what} {path} can be written by other users (mode "
+                f"{stat.S_IMODE(st.st_mode):o}); run `chmod go-w {path}`")
+    return None
 
 
 def _sha256(path: Path) -> str:
@@ -69,8 +119,7 @@ def _sha256(path: Path) -> str:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -83,12 +132,41 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def inside(root: Path, rel: str) -> Path | None:
+    """`root / rel` when `rel` names a file strictly inside `root`, else None."""
+    if not rel or os.path.isabs(rel) or "\0" in rel:
+        return None
+    parts = Path(rel).parts
+    if any(p in ("..", ".", "") for p in parts):
+        return None
+    full = root / rel
+    try:
+        real_root = root.resolve(strict=True)
+        if os.path.commonpath([real_root, full.resolve()]) != str(real_root):
+            return None
+    except (OSError, ValueError):
+        return None
+    return full
+
+
 @dataclass
 class Entry:
     key: str
     graph_name: str
-    files: dict[str, str]  # artifact path relative to cache_dir() -> sha256
+    files: dict[str, str]  # artifact path relative to the Inductor directory -> sha256
     created: float
+
+
+@dataclass(frozen=True)
+class State:
+    """How the persistent cache can be used by this process right now."""
+
+    mode: str  # "rw", "ro" (hits only) or "off"
+    root: Path | None = None
+
+    @property
+    def inductor_dir(self) -> Path | None:
+        return None if self.root is None else self.root / "inductor"
 
 
 class NeffCache:
@@ -96,98 +174,192 @@ class NeffCache:
 
     def __init__(self) -> None:
         self.memory: dict[str, Any] = {}
+        self._private_tmp: Path | None = None
 
-    @property
-    def inductor_dir(self) -> Path:
-        return cache_dir() / "inductor"
-
-    def entry_path(self, key: str) -> Path:
-        return cache_dir() / f"{key}{ENTRY_SUFFIX}"
-
-    @contextlib.contextmanager
-    def lock(self, key: str) -> Iterator[None]:
+    # ---- where things go -------------------------------------------------------------
+    def state(self) -> State:
         if disabled():
+            return State("off")
+        root = cache_dir()
+        problem = private_dir(root, "TORCH_NEURONX_NEFF_CACHE_DIR")
+        if problem:
+            _warn_once(f"neuron compile cache disabled: {problem}. Set "
+                       "TORCH_NEURONX_NEFF_CACHE_DIR to a directory only you can write.")
+            return State("off")
+        inductor = root / "inductor"
+        with contextlib.suppress(OSError):
+            inductor.mkdir(mode=0o700, exist_ok=True)
+        if os.access(root, os.W_OK) and (not inductor.exists() or os.access(inductor, os.W_OK)):
+            return State("rw", root)
+        if inductor.is_dir():
+            return State("ro", root)
+        _warn_once(f"neuron compile cache {root} is read-only and empty; compiling without "
+                   "a persistent cache.")
+        return State("off")
+
+    def private_tmp(self) -> Path:
+        """A directory only this process uses, for compiles that must not be cached."""
+        if self._private_tmp is None or not self._private_tmp.is_dir():
+            self._private_tmp = Path(tempfile.mkdtemp(prefix="neuronlocal-inductor-"))
+            import atexit
+
+            atexit.register(shutil.rmtree, self._private_tmp, True)
+        return self._private_tmp
+
+    def read_only_view(self, state: State) -> Path:
+        """A private directory that shows a read-only cache's artifacts (as links) next to
+        writable lock files: Inductor takes a lock before loading compiled code, so a hit in
+        a read-only cache needs somewhere to put it."""
+        view = self.private_tmp() / "read-only-view"
+        (view / "locks").mkdir(parents=True, exist_ok=True)
+        for child in state.inductor_dir.iterdir():  # type: ignore[union-attr]
+            link = view / child.name
+            if child.name != "locks" and not link.exists():
+                link.symlink_to(child)
+        return view
+
+    def entry_path(self, root: Path, key: str) -> Path:
+        if not _KEY.match(key):
+            raise ValueError(f"invalid cache key {key!r}")
+        return root / f"{key}{ENTRY_SUFFIX}"
+
+    # ---- concurrency -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, key: str, state: State) -> Iterator[None]:
+        """Serialises compiles of `key` across processes (flock: released if one dies)."""
+        if state.mode != "rw":
             yield
             return
-        lock_dir().mkdir(parents=True, exist_ok=True)
-        path = lock_dir() / f"{key}.lock"
+        where = lock_dir()
+        problem = private_dir(where, "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR")
+        if problem:
+            _warn_once(f"neuron compile locks disabled: {problem}.")
+            yield
+            return
+        path = where / f"{key}.lock"
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                _warn_once(f"neuron compile lock {path} is a symbolic link; not following it.")
+            yield
+            return
         deadline = time.monotonic() + lock_timeout()
-        with path.open("a+") as f:
+        try:
             while True:
                 try:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
                         raise CacheLockTimeout(
                             f"waited {lock_timeout():.0f}s for the compile lock {path} held by "
-                            "another process; raise TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT or "
-                            "remove a stale lock.") from None
+                            "another process; raise TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT."
+                        ) from None
                     time.sleep(0.05)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            yield
+        finally:
+            os.close(fd)  # also releases the flock
 
-    def lookup(self, key: str) -> Entry | None:
-        """The verified disk entry for `key`, or None (a corrupt one is removed)."""
-        if disabled():
+    # ---- entries -----------------------------------------------------------------------
+    def lookup(self, key: str, state: State) -> Entry | None:
+        """The verified entry for `key`, or None; a corrupt one is removed (when writable)."""
+        if state.root is None:
             return None
-        path = self.entry_path(key)
-        if not path.exists():
+        path = self.entry_path(state.root, key)
+        if not path.is_file():
             return None
         try:
             raw = json.loads(path.read_bytes())
             if raw.get("format") != FORMAT or raw.get("key") != key:
                 raise ValueError("wrong format or key")
-            entry = Entry(key, raw["graph_name"], dict(raw["files"]), float(raw["created"]))
+            entry = Entry(key, str(raw["graph_name"]), dict(raw["files"]), float(raw["created"]))
             for rel, digest in entry.files.items():
-                f = cache_dir() / rel
-                if not f.is_file() or _sha256(f) != digest:
+                f = inside(state.inductor_dir, rel)  # type: ignore[arg-type]
+                if f is None:
+                    raise ValueError(f"artifact name {rel!r} points outside the cache")
+                if not f.is_file() or f.is_symlink() or _sha256(f) != digest:
                     raise ValueError(f"artifact {rel} is missing or its checksum differs")
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            warnings.warn(f"neuron compile cache entry {path} is corrupt ({err}); removing it "
-                          "and recompiling.", stacklevel=2)
-            self.remove(key)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            _warn_once(f"neuron compile cache entry {path} is corrupt ({err}); "
+                       "recompiling." + (" Removing it." if state.mode == "rw" else ""))
+            if state.mode == "rw":
+                self.remove(key, state)
             return None
         return entry
 
-    def remove(self, key: str) -> None:
-        path = self.entry_path(key)
-        with contextlib.suppress(OSError, ValueError):
+    def remove(self, key: str, state: State) -> None:
+        """Removes an entry and the artifacts it names (only files inside the cache)."""
+        if state.root is None:
+            return
+        path = self.entry_path(state.root, key)
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
             raw = json.loads(path.read_bytes())
             for rel in raw.get("files", {}):
-                with contextlib.suppress(OSError):
-                    (cache_dir() / rel).unlink()
+                f = inside(state.inductor_dir, rel)  # type: ignore[arg-type]
+                if f is not None and not f.is_symlink():
+                    with contextlib.suppress(OSError):
+                        f.unlink()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
-    def snapshot(self) -> set[Path]:
-        """Artifact files now in the Inductor cache (to see what a compile adds)."""
-        root = self.inductor_dir
-        if not root.exists():
+    def snapshot(self, state: State) -> set[Path]:
+        """Artifact files now in the Inductor directory (to see what a compile adds)."""
+        root = state.inductor_dir
+        if root is None or not root.exists():
             return set()
-        return {p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".lock")}
+        return {p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
+                and not p.name.endswith((".lock", ".tmp"))}
 
-    def store(self, key: str, graph_name: str, before: set[Path]) -> None:
-        if disabled():
+    def store(self, key: str, graph_name: str, before: set[Path], state: State) -> None:
+        if state.mode != "rw":
             return
-        new = sorted(self.snapshot() - before)
-        files = {str(p.relative_to(cache_dir())): _sha256(p) for p in new}
+        root = state.inductor_dir
+        new = sorted(self.snapshot(state) - before)
+        files = {str(p.relative_to(root)): _sha256(p) for p in new}  # type: ignore[arg-type]
         entry = {"format": FORMAT, "key": key, "graph_name": graph_name, "files": files,
                  "created": time.time()}
-        atomic_write(self.entry_path(key), json.dumps(entry, indent=1).encode())
+        atomic_write(self.entry_path(state.root, key),  # type: ignore[arg-type]
+                     json.dumps(entry, indent=1).encode())
+
+
+@contextlib.contextmanager
+def inductor_dirs(cache: NeffCache, state: State, cacheable: bool) -> Iterator[None]:
+    """Points Inductor's caches at the NEFF cache (or at a private directory, uncached).
+
+    `cacheable`: whether this compile may read the persistent cache (a read-only cache
+    serves hits only; a miss there compiles in a private directory).
+    """
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    use = state.inductor_dir if (state.inductor_dir is not None and cacheable) else None
+    if use is not None and state.mode == "ro":
+        use = cache.read_only_view(state)
+    target = use or cache.private_tmp()
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(target)
+    try:
+        with inductor_config.patch(force_disable_caches=use is None), \
+                functorch_config.patch(enable_autograd_cache=use is not None):
+            yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
 
 
 def graph_key(code: str, inputs_meta: list[Any], extra: dict[str, Any]) -> str:
     """Hash of the graph code, the input metadata and the versions that affect codegen."""
     import torch
 
-    import neuronlocal
+    from neuronlocal import __version__
 
     h = hashlib.sha256()
     for part in (code, repr(inputs_meta), repr(sorted(extra.items())), torch.__version__,
-                 neuronlocal.__version__, str(FORMAT)):
+                 __version__, str(FORMAT)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:40]

@@ -29,15 +29,20 @@ std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>&
 }
 
 // CPU tensors become neuron tensors owning the same bytes; outputs sharing a storage share
-// one neuron storage, so views among outputs stay views.
-std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index) {
+// one neuron storage, so views among outputs stay views. `to_neuron[i]` false keeps output
+// i as it is (an empty mask adopts every CPU tensor). Adopted tensors carry no autograd
+// history: the caller connects them to the graph (compile/bridge.py).
+std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index,
+                                   const std::vector<bool>& to_neuron) {
   std::vector<py::object> res;
   res.reserve(outs.size());
   std::unordered_map<c10::StorageImpl*, c10::Storage> adopted;
-  for (const auto& o : outs) {
-    if (THPVariable_Check(o.ptr())) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const auto& o = outs[i];
+    const bool wanted = to_neuron.empty() || (i < to_neuron.size() && to_neuron[i]);
+    if (wanted && THPVariable_Check(o.ptr())) {
       const auto& t = THPVariable_Unpack(o.ptr());
-      if (t.defined() && t.device().is_cpu() && !t.requires_grad()) {
+      if (t.defined() && t.device().is_cpu() && t.layout() == at::kStrided) {
         auto* key = t.storage().unsafeGetStorageImpl();
         auto it = adopted.find(key);
         if (it == adopted.end()) {

@@ -5,7 +5,8 @@
 
 namespace neuron {
 std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args);
-std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index);
+std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index,
+                                   const std::vector<bool>& to_neuron);
 }  // namespace neuron
 
 namespace {
@@ -43,5 +44,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_downcast_ops", &neuron::downcast_ops);
   m.def("_clear_op_tracking", &neuron::clear_op_tracking);
   m.def("_bridge_in", &neuron::bridge_in, "neuron tensors -> CPU aliases (and the core index)");
-  m.def("_bridge_out", &neuron::bridge_out, "CPU results -> neuron tensors on a core");
+  m.def("_bridge_out", &neuron::bridge_out, "CPU results -> neuron tensors on a core",
+        py::arg("outs"), py::arg("index"), py::arg("to_neuron") = std::vector<bool>{});
 }

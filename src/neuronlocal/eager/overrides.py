@@ -14,12 +14,17 @@ from neuronlocal import _C
 _lib: torch.library.Library | None = None
 
 
+def histc_host(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0
+               ) -> torch.Tensor:
+    """histc of a CPU tensor with device semantics: integer inputs count in their own dtype
+    (as CUDA's kernel does; exact below 2**24). Compiled graphs call it too."""
+    if x.is_floating_point():
+        return torch.histc(x, bins, min, max)
+    return torch.histc(x.double(), bins, min, max).to(x.dtype)
+
+
 def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
-    x = _C._cpu_alias(self)
-    if self.is_floating_point():
-        out = torch.histc(x, bins, min, max)
-    else:  # CUDA semantics: integer histc counts in the input's dtype (exact below 2**24)
-        out = torch.histc(x.double(), bins, min, max).to(self.dtype)
+    out = histc_host(_C._cpu_alias(self), bins, min, max)
     return _C._bridge_out([out], self.device.index)[0]
 
 

@@ -47,6 +47,16 @@ def _shapes(shapes: list[Any]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def cache_line(rep: dict[str, Any]) -> str:
+    """The compile cache's hit rate over every rank's graphs."""
+    graphs = [g for r in rep["ranks"] for g in r["graphs"]]
+    if not graphs:
+        return "compile cache: no graphs compiled"
+    hits = sum(g["cache"] == "hit" for g in graphs)
+    return (f"compile cache: {hits}/{len(graphs)} graphs were hits "
+            f"({hits / len(graphs):.0%}), {len(graphs) - hits} compiled")
+
+
 def headline(rep: dict[str, Any]) -> list[str]:
     """Short one-line findings, worst first (also the top of the HTML page)."""
     out = []
@@ -76,7 +86,7 @@ def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
     c.rule("[bold]neuronlocal run report")
     c.print(f"script  {' '.join(first['run']['argv'])}\ninstance {first['instance']}   ranks "
             f"{len(rep['ranks'])}/{rep['world_size']}   exit status {rep['exit_code']}   "
-            f"wall {max(r['run']['seconds'] for r in rep['ranks']):.1f}s")
+            f"wall {max(r['run']['seconds'] for r in rep['ranks']):.1f}s\n{cache_line(rep)}")
     for line in headline(rep):
         c.print(f"[yellow]! {line}")
 
@@ -249,7 +259,7 @@ def html_page(rep: dict[str, Any]) -> str:
              f"{_e(first['instance'])}; ranks {len(ranks)}/{rep['world_size']}"
              f"{'' if rep['complete'] else ' (incomplete: some ranks have not reported)'}"
              f"; exit status {rep['exit_code']}. Host emulation: compile seconds are this "
-             "machine's, not Trainium's.</p>"]
+             f"machine's, not Trainium's.<br>{_e(cache_line(rep))}.</p>"]
     parts += [f"<p class='warn'>&#9888; {_e(h)}</p>" for h in headline(rep)]
     graphs = [(r, g) for r in ranks for g in r["graphs"]]
     recompiled = {(r["rank"], e["graph"]) for r in ranks for e in r["recompiles"]}

@@ -1,0 +1,335 @@
+"""The persistent compile cache: private directories, safe entries and locks, warm restarts,
+read-only and disabled caches, concurrent ranks, killed compilers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from neuronlocal.compile import cache as cache_mod
+from neuronlocal.compile.cache import CacheLockTimeout, NeffCache, State
+
+pytestmark = pytest.mark.timeout(900)
+OTHER_UID = 65534  # nobody
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch):
+    monkeypatch.setattr(cache_mod, "_warned", set())
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+            "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks"), **extra}
+
+
+_COMPILE = """
+import json, torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to("neuron")
+out = torch.compile(m, backend="neuron")(torch.ones(2, 8, device="neuron"))
+out.sum().backward()
+print(json.dumps([g["cache"] for g in torch.neuron.get_dynamo_metrics()["graphs"]]))
+"""
+
+
+def _compile_in_new_process(env: dict[str, str], unprivileged: bool = False,
+                            code: str = _COMPILE) -> tuple[list[str], str]:
+    cmd = [sys.executable, "-c", textwrap.dedent(code)]
+    if unprivileged:
+        cmd = [*_UNPRIVILEGED, *cmd]
+    r = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+# Root ignores file modes; without these capabilities it obeys them like any user, so a
+# read-only directory is really read-only for the child.
+_UNPRIVILEGED = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+                 "--inh-caps=-all", "--"] if os.getuid() == 0 else []
+_needs_setpriv = pytest.mark.skipif(
+    os.getuid() == 0 and shutil.which("setpriv") is None,
+    reason="running as root without setpriv: cannot make a directory read-only for the test")
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+# ---- where the cache lives ----------------------------------------------------------------
+
+
+def test_default_directories_are_per_user_and_private(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCH_NEURONX_NEFF_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    user = cache_mod._user()
+    assert cache_mod.cache_dir() == tmp_path / f"neff_cache_{user}"
+    assert cache_mod.lock_dir() == tmp_path / f"local_cache_{user}"
+    state = NeffCache().state()
+    assert state.mode == "rw" and state.root == cache_mod.cache_dir()
+    assert stat.S_IMODE(os.stat(state.root).st_mode) == 0o700
+    with NeffCache().lock("ab" * 10, state):
+        lock = cache_mod.lock_dir() / f"{'ab' * 10}.lock"
+        assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(cache_mod.lock_dir()).st_mode) == 0o700
+
+
+def test_directory_others_can_write_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(shared))
+    with pytest.warns(UserWarning, match=r"can be written by other users.*chmod go-w"):
+        assert NeffCache().state().mode == "off"
+
+
+def test_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    if os.getuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, OTHER_UID, OTHER_UID)
+    else:
+        theirs = Path("/usr")  # owned by root, not writable by others
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(theirs))
+    with pytest.warns(UserWarning, match=r"owned by uid \d+, not by you"):
+        assert NeffCache().state().mode == "off"
+
+
+def test_planted_code_in_a_refused_directory_is_never_used(tmp_path, fresh_python):
+    """Another user's cache directory is not read: the compile ignores it and caches nothing
+    there (so nothing planted in it can run)."""
+    planted = tmp_path / "neff"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    (planted / "inductor").mkdir()
+    before = _files(planted)
+    caches, err = _compile_in_new_process(_env(tmp_path))
+    assert caches == ["miss"] and "can be written by other users" in err
+    assert _files(planted) == before
+
+
+# ---- entries and locks ---------------------------------------------------------------------
+
+
+def _rw_state(tmp_path: Path, monkeypatch) -> State:
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
+    state = NeffCache().state()
+    assert state.mode == "rw"
+    return state
+
+
+@pytest.mark.parametrize("name", ["../../victim", "ABSOLUTE", "sub/../../victim", "link/x"])
+def test_crafted_entry_never_touches_files_outside(tmp_path, monkeypatch, name):
+    state = _rw_state(tmp_path, monkeypatch)
+    victim = tmp_path / "victim"
+    victim.write_text("user data")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x").write_text("more user data")
+    (state.inductor_dir / "link").symlink_to(outside)
+    if name == "ABSOLUTE":
+        name = str(victim)
+    key = "c" * 40
+    entry = {"format": cache_mod.FORMAT, "key": key, "graph_name": "g", "created": 0,
+             "files": {name: "0" * 64}}
+    (state.root / f"{key}.neff").write_text(json.dumps(entry))
+    with pytest.warns(UserWarning, match="corrupt"):
+        assert NeffCache().lookup(key, state) is None
+    assert victim.read_text() == "user data"
+    assert (outside / "x").read_text() == "more user data"
+    assert not (state.root / f"{key}.neff").exists()
+
+
+def test_corrupt_artifact_inside_is_removed_with_its_entry(tmp_path, monkeypatch):
+    state = _rw_state(tmp_path, monkeypatch)
+    art = state.inductor_dir / "ab" / "code.py"
+    art.parent.mkdir()
+    art.write_text("print('hi')")
+    key = "d" * 40
+    entry = {"format": cache_mod.FORMAT, "key": key, "graph_name": "g", "created": 0,
+             "files": {"ab/code.py": "0" * 64}}
+    (state.root / f"{key}.neff").write_text(json.dumps(entry))
+    with pytest.warns(UserWarning, match="checksum differs"):
+        assert NeffCache().lookup(key, state) is None
+    assert not art.exists() and not (state.root / f"{key}.neff").exists()
+
+
+def test_lock_file_symlink_is_not_followed(tmp_path, monkeypatch):
+    state = _rw_state(tmp_path, monkeypatch)
+    (tmp_path / "locks").mkdir(mode=0o700)
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    key = "e" * 40
+    (tmp_path / "locks" / f"{key}.lock").symlink_to(target)
+    target.chmod(0o644)
+    with pytest.warns(UserWarning, match="symbolic link; not following"):
+        with NeffCache().lock(key, state):
+            pass
+    assert target.read_text() == "keep me"
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o644
+
+
+_HOLD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_killed_compiler_leaves_no_blocking_lock(tmp_path, monkeypatch):
+    """A rank killed while it holds a compile lock does not block the next run: the kernel
+    drops its flock with the process."""
+    state = _rw_state(tmp_path, monkeypatch)
+    key = "f" * 40
+    lock_path = tmp_path / "locks" / f"{key}.lock"
+    (tmp_path / "locks").mkdir(mode=0o700)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "2")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(lock_path)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    t = time.monotonic()
+    with pytest.raises(CacheLockTimeout, match="TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT"):
+        with NeffCache().lock(key, state):
+            pass
+    assert 1.5 < time.monotonic() - t < 30
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    t = time.monotonic()
+    with NeffCache().lock(key, state):
+        assert time.monotonic() - t < 1.0
+
+
+# ---- warm, read-only and disabled caches ---------------------------------------------------
+
+
+def test_warm_restart_hits_inductor_caches(tmp_path):
+    cold, _ = _compile_in_new_process(_env(tmp_path))
+    assert cold == ["miss"]
+    code = _COMPILE.replace("print(json.dumps(", "from torch._dynamo.utils import counters\n"
+                            "print(counters['aot_autograd']['autograd_cache_hit'])\nprint(json.dumps(")
+    full = {**os.environ, **_env(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    hits, caches = r.stdout.strip().splitlines()[-2:]
+    assert int(hits) == 1 and json.loads(caches) == ["hit"]
+
+
+@_needs_setpriv
+def test_read_only_warm_cache_still_hits(tmp_path):
+    env = _env(tmp_path)
+    _compile_in_new_process(env)
+    root = tmp_path / "neff"
+    before = {p: p.stat().st_mtime_ns for p in _files(root)}
+    dirs = [p for p in [root, *root.rglob("*")] if p.is_dir()]
+    for p in dirs:
+        p.chmod(0o500)
+    try:
+        caches, err = _compile_in_new_process(env, unprivileged=True)
+    finally:
+        for p in dirs:
+            p.chmod(0o700)
+    assert caches == ["hit"], err[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in _files(root)} == before
+
+
+@_needs_setpriv
+def test_read_only_empty_cache_compiles_uncached(tmp_path):
+    root = tmp_path / "neff"
+    root.mkdir(mode=0o500)
+    caches, err = _compile_in_new_process(_env(tmp_path), unprivileged=True)
+    assert caches == ["miss"] and "read-only and empty" in err
+    assert not _files(root)
+
+
+def test_disabled_cache_writes_nothing(tmp_path):
+    caches, _ = _compile_in_new_process(_env(tmp_path, TORCH_NEURONX_DISABLE_NEFF_CACHE="1"))
+    assert caches == ["miss"]
+    assert not _files(tmp_path / "neff") and not _files(tmp_path / "locks")
+    caches, _ = _compile_in_new_process(_env(tmp_path, TORCH_NEURONX_DISABLE_NEFF_CACHE="1"))
+    assert caches == ["miss"]
+
+
+def test_unreadable_entry_is_replaced(tmp_path):
+    """A truncated entry is reported and rewritten; Inductor's intact artifacts still serve."""
+    _compile_in_new_process(_env(tmp_path))
+    entries = list((tmp_path / "neff").glob("*.neff"))
+    assert entries
+    for e in entries:
+        e.write_bytes(e.read_bytes()[:10])
+    again, err = _compile_in_new_process(_env(tmp_path))
+    assert again == ["hit"] and "corrupt" in err
+    assert all(json.loads(e.read_bytes())["key"] for e in (tmp_path / "neff").glob("*.neff"))
+
+
+def test_corrupt_artifact_recompiles(tmp_path):
+    """An artifact whose checksum differs (a truncated shared object, say) is removed with its
+    entry, and the graph compiles again instead of loading it."""
+    _compile_in_new_process(_env(tmp_path))
+    root = tmp_path / "neff"
+    entry = json.loads(next(root.glob("*.neff")).read_bytes())
+    libs = [rel for rel in entry["files"] if rel.endswith(".so")]
+    assert libs, entry["files"]
+    for rel in libs:
+        art = root / "inductor" / rel
+        art.write_bytes(art.read_bytes()[:100])
+    again, err = _compile_in_new_process(_env(tmp_path))
+    assert again == ["miss"] and "checksum differs" in err
+    fresh = json.loads(next(root.glob("*.neff")).read_bytes())
+    assert fresh["files"], "the recompile must list its artifacts again"
+    for rel in fresh["files"]:
+        assert (root / "inductor" / rel).stat().st_size > 100 or not rel.endswith(".so")
+
+
+def test_four_ranks_compile_once(tmp_path):
+    """torchrun with 4 ranks compiling one graph into one cache: one compiles, three wait
+    for its lock and hit."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(_COMPILE).replace("print(json.dumps(",
+                                                        "print('CACHE', json.dumps("))
+    env = {**os.environ, **_env(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                        "--tee", "1", str(script)], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    states = [json.loads(line.split("CACHE", 1)[1]) for line in r.stdout.splitlines()
+              if "CACHE" in line]
+    flat = sorted(s for ss in states for s in ss)
+    assert flat == ["hit", "hit", "hit", "miss"], r.stdout[-2000:]
+
+
+def test_lookup_of_invalid_key_is_refused(tmp_path, monkeypatch):
+    state = _rw_state(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match="invalid cache key"):
+        NeffCache().lookup("../../etc/passwd", state)
+
+
+def test_cache_state_warns_once(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(shared))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        NeffCache().state()
+        NeffCache().state()
+    assert len([w for w in seen if "other users" in str(w.message)]) == 1
+    assert torch.neuron.is_available()

@@ -1,4 +1,4 @@
-"""The `neuronlocal` command: info, demo, check, support, ops, env, run."""
+"""The `neuronlocal` command: info, demo, check, support, ops, env, run, estimate."""
 
 from __future__ import annotations
 
@@ -92,6 +92,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return runner.run(args.args, module=args.module, report_dir=args.report)
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from neuronlocal.estimate import cli as estimate_cli
+
+    return estimate_cli.run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="neuronlocal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -124,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
     p_run.add_argument("args", nargs=argparse.REMAINDER, help="script.py [args...]")
     p_run.set_defaults(func=cmd_run)
+    from neuronlocal.estimate.cli import add_arguments as estimate_arguments
+
+    p_est = sub.add_parser("estimate", help="step time, throughput and cost of a full-size "
+                                            "model on Trainium, with its error band")
+    estimate_arguments(p_est)
+    p_est.set_defaults(func=cmd_estimate)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

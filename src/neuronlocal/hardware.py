@@ -1,8 +1,12 @@
 """Instance profiles: how many logical NeuronCores a process sees, and HBM per core.
 
-Facts from the reference spec (section 1.4): a Trainium2 chip has 8 physical
-NeuronCore-v3 and 96 GiB HBM; LNC=2 (the default) pairs them into 4 logical cores of
-24 GiB, LNC=1 exposes 8 of 12 GiB. Trainium3 has 8 NeuronCore-v4 and 144 GiB per chip.
+Facts from the Neuron architecture pages (sources in docs/estimate.md): a Trainium2 chip
+has 8 physical NeuronCore-v3, 96 GiB HBM at 2.9 TB/s, 667 dense BF16 and 181 FP32 TFLOPS;
+LNC=2 (the default) pairs the cores into 4 logical cores of 24 GiB, LNC=1 exposes 8 of
+12 GiB. A Trainium3 chip has 8 NeuronCore-v4, 144 GiB HBM at 4.9 TB/s, 671 BF16 and 183
+FP32 TFLOPS. Trainium (trn1) and Inferentia2 chips have 2 NeuronCore-v2, 32 GiB at 820
+GiB/s, 190 BF16 and 47.5 FP32 TFLOPS; TorchNeuron does not run on them, so they are not
+emulated, but the cost estimator (neuronlocal.estimate) calibrates on their benchmarks.
 The runtime refuses more than 128 visible cores per process (DeviceIndex is int8).
 """
 
@@ -22,12 +26,20 @@ class Chip:
     physical_cores: int
     hbm_bytes: int
     default_lnc: int
+    # Dense peak rates of the whole chip (published figures; the estimator's roofline).
+    bf16_flops: float = 0.0
+    fp32_flops: float = 0.0
+    hbm_bytes_per_s: float = 0.0
 
 
-TRAINIUM2 = Chip("Trainium2", 8, 96 * GiB, 2)
-TRAINIUM3 = Chip("Trainium3", 8, 144 * GiB, 2)
+TRAINIUM1 = Chip("Trainium", 2, 32 * GiB, 1, 190e12, 47.5e12, 820 * GiB)
+INFERENTIA2 = Chip("Inferentia2", 2, 32 * GiB, 1, 190e12, 47.5e12, 820 * GiB)
+TRAINIUM2 = Chip("Trainium2", 8, 96 * GiB, 2, 667e12, 181e12, 2.9e12)
+TRAINIUM3 = Chip("Trainium3", 8, 144 * GiB, 2, 671e12, 183e12, 4.9e12)
 
-# instance name -> (chip, chips per instance). trn3 sizes are unconfirmed ([U] in the spec).
+# instance name -> (chip, chips per instance): the instances TorchNeuron runs on. Trn3 ships
+# as UltraServers of 16-chip servers (Gen1) or 4-chip servers (Gen2); "trn3.48xlarge" is
+# one 16-chip server, "trn3.3xlarge" one chip, and LNC=2 as on Trn2 (not yet published).
 INSTANCES: dict[str, tuple[Chip, int]] = {
     "trn2.3xlarge": (TRAINIUM2, 1),
     "trn2.48xlarge": (TRAINIUM2, 16),

@@ -33,6 +33,7 @@ from neuronlocal.compile import metrics
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
 from neuronlocal.config import env_flag
+from neuronlocal.estimate import capture as estimate_capture
 
 log = logging.getLogger("neuronlocal.compile")
 _NEURON = re.compile(r"^neuron(:\d+)?$")
@@ -207,7 +208,9 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
                                        dict(extra or {})))
     log.debug("compiled %s (%d nodes) in %.2fs, cache %s\n%s", name, nodes, seconds,
               cache_state, cpu_gm.code)
-    return compiled
+    # [estimate] Trainium-time estimate of this graph on its record; counts its calls while
+    # `neuronlocal run`/`check` capture (neuronlocal.estimate.capture.attach; lead: port it).
+    return estimate_capture.attach(gm, example_inputs, compiled)
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list[Any]:

@@ -29,6 +29,8 @@ class GraphRecord:
     has_collectives: bool
     kind: str = "static"  # "static", or "specialized" when cut from a symbolic Dynamo graph
     extra: dict[str, Any] = field(default_factory=dict)
+    # Estimated Trainium seconds per call, with band and top nodes (neuronlocal.estimate).
+    estimate: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -58,6 +60,12 @@ def last_graph_name() -> str:
     """The name of the graph recorded last (the profiler range of its calls)."""
     with _lock:
         return _records[-1].graph_name if _records else "graph"
+
+
+def last_record() -> GraphRecord | None:
+    """The graph recorded last (the estimator annotates it right after its compile)."""
+    with _lock:
+        return _records[-1] if _records else None
 
 
 def record(rec: GraphRecord) -> None:

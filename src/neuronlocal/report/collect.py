@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from neuronlocal.estimate import capture as estimate_capture
 from neuronlocal.report import analysis
 from neuronlocal.report import metrics as report_metrics
 
@@ -73,6 +74,7 @@ class Collector:
         self._handler = _BreakHandler(self.state)
         self._break_logger = logging.getLogger(_BREAK_LOGGER)
         self._old_level = self._break_logger.level
+        self.estimate: estimate_capture.Capture | None = None
 
     def start(self, reset: bool = True) -> Collector:
         global _active
@@ -94,6 +96,7 @@ class Collector:
         warnings.filterwarnings("always", message=r"aten::\S+ executed via CPU fallback")
         warnings.showwarning = self._showwarning
         self.state.started = time.time()
+        self.estimate = estimate_capture.start()  # estimated Trainium time per step and graph
         _active = self
         return self
 
@@ -107,6 +110,8 @@ class Collector:
 
     def stop(self) -> None:
         global _active
+        if self.estimate is not None:
+            self.estimate.stop()
         if warnings.showwarning == self._showwarning:
             warnings.showwarning = self._old_showwarning
         self._break_logger.removeHandler(self._handler)
@@ -215,4 +220,5 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
         "memory": memory(),
         "collectives": report_metrics.get_collectives(),
         "counters": report_metrics.counters(),
+        "estimate": _active.estimate.snapshot() if _active is not None else {},
     }

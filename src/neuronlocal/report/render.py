@@ -16,6 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from neuronlocal.estimate import view as estimate_view
+
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
           "#17becf"]
 
@@ -108,6 +110,10 @@ def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
           [rk(r) + [g["graph_name"], g["kind"], str(g["node_count"]), _shapes(g["input_shapes"]),
                     f"{g['compile_seconds']:.2f}", g["cache"]]
            for r in rep["ranks"] for g in r["graphs"]])
+    for title, cols, rows in estimate_view.tables(rep):  # estimated Trainium time
+        table(title, cols, rows)
+    for line in estimate_view.headlines(rep):
+        c.print(f"[cyan]{line}")
     table("Recompilations", rank_col + ["graph", "function", "reason"],
           [rk(r) + [e["graph"], e["function"], e["reason"]]
            for r in rep["ranks"] for e in r["recompiles"]])
@@ -276,6 +282,7 @@ def html_page(rep: dict[str, Any]) -> str:
                                   _shapes(g["input_shapes"]), ", ".join(g["input_dtypes"]),
                                   f"{g['compile_seconds']:.3f}", g["cache"]]
                          for r, g in graphs], "no graphs compiled"))
+    parts.append(estimate_view.html(rep, _table, bar_chart, _e))
     parts.append("<h2>Recompilations</h2>")
     parts.append(_table(rc + ["graph", "function", "kind", "cache", "reason"],
                         [rk(r) + [e["graph"], e["function"], e["kind"], e["cache"], e["reason"]]

@@ -104,7 +104,12 @@ def run(config: str | None, model_dir: str | None, model_type: str | None) -> in
         print(f"error: {e}")
         return 2
     print(f"checking {cfg.model_type} ({arch}) on a tiny random copy of its config ...")
-    rep = check_model(cfg.model_type, arch, config=cfg)
+    from neuronlocal.estimate import capture as estimate_capture
+    from neuronlocal.estimate import cli as estimate_cli
+    from neuronlocal.estimate import view as estimate_view
+
+    with estimate_capture.capturing() as cap:  # estimated Trainium time of graphs and steps
+        rep = check_model(cfg.model_type, arch, config=cfg)
     print(f"\n{'mode':<10}{'cpu':<8}{'neuron':<8}{'max diff':<12}detail")
     for mode, m in rep.modes.items():
         diff = "-" if m.max_diff is None else f"{m.max_diff:.2e}"
@@ -115,6 +120,9 @@ def run(config: str | None, model_dir: str | None, model_type: str | None) -> in
           f"{rep.peak_hbm / 2**20:.2f} MiB on neuron:0; wall time {rep.seconds:.1f}s")
     print(f"CPU-fallback ops: {rep.fallback_ops or 'none'}")
     print(f"64-bit downcasts: {rep.downcast_ops or 'none'}")
+    estimated = estimate_view.text(cap.snapshot())
+    if estimated:
+        print("\n" + estimated)
     try:
         fit = memory_fit(cfg, arch)
         print(f"\nfull size: {fit.params / 1e6:.1f}M parameters; bf16 weights "
@@ -123,6 +131,7 @@ def run(config: str | None, model_dir: str | None, model_type: str | None) -> in
             where = ", ".join(f"{inst}: TP={d}" if d else f"{inst}: does not fit"
                               for inst, d in tp.items())
             print(f"  {what:<10} smallest tensor-parallel degree per instance -> {where}")
+        print(estimate_cli.check_line(cfg, fit.train_tp.get("trn2.48xlarge")))
     except Exception as e:  # noqa: BLE001 - the estimate is advice, the check is the verdict
         print(f"\nmemory estimate unavailable: {type(e).__name__}: {e}")
     advice = []

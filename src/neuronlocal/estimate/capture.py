@@ -1,0 +1,178 @@
+"""Estimated Trainium time of what a program runs, while `neuronlocal run` or `check` captures.
+
+Compiled graphs: `attach` (called once per compiled graph by the compile backend) stores the
+graph's estimate on its compile record and wraps the compiled callable so that, only while
+a capture is active, its calls and host seconds are counted. Eager work: a dispatch mode
+costs every op that touches a neuron tensor, and a global optimizer step hook cuts the run
+into training steps. Outside a capture nothing is installed, so nothing is slowed down.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from neuronlocal.estimate.counting import Counter, Tally
+
+log = logging.getLogger("neuronlocal.estimate")
+_graphs: dict[int, dict[str, Any]] = {}  # graph_id -> {"name", "estimate"}
+_active: Capture | None = None
+
+
+def attach(gm: Any, example_inputs: Any, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Estimates the graph just recorded by the compile metrics; returns `compiled` wrapped
+    to count calls during a capture. Never raises: a failed estimate is recorded as such."""
+    from neuronlocal.compile import metrics
+
+    rec = metrics.last_record()
+    if rec is None:
+        return compiled
+    try:
+        from neuronlocal.estimate import graph_cost
+
+        cap = _active
+        if cap is None:
+            rec.estimate = graph_cost(gm, list(example_inputs))
+        else:
+            with cap.counter.paused():  # the fake run is not eager work of the program
+                rec.estimate = graph_cost(gm, list(example_inputs))
+    except Exception as e:  # noqa: BLE001 - an estimate must never break a compile
+        rec.estimate = {"error": f"{type(e).__name__}: {e}"[:300]}
+        log.debug("no estimate for %s: %s", rec.graph_name, e)
+    gid = rec.graph_id
+    _graphs[gid] = {"name": rec.graph_name, "estimate": rec.estimate}
+
+    def run(*args: Any) -> Any:
+        cap = _active
+        if cap is None:
+            return compiled(*args)
+        start = time.perf_counter()
+        try:
+            return compiled(*args)
+        finally:
+            cap.graph_called(gid, time.perf_counter() - start)
+
+    return run
+
+
+def _graph_seconds(gid: int) -> float:
+    est = _graphs.get(gid, {}).get("estimate") or {}
+    return float(est.get("seconds", 0.0)) + float(est.get("backward_seconds", 0.0))
+
+
+class Capture:
+    """Costs eager neuron ops and compiled-graph calls, step by step (optimizer steps)."""
+
+    def __init__(self) -> None:
+        self.counter = Counter(replace_attention=False, only_device="neuron")
+        self.steps: list[dict[str, Any]] = []
+        self.calls: dict[int, list[float]] = {}  # graph_id -> [calls, host seconds], whole run
+        self._step_calls: dict[int, int] = {}
+        self._mark = time.perf_counter()
+        self._hook: Any = None
+
+    def start(self) -> Capture:
+        global _active
+
+        self.counter.__enter__()
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._hook = register_optimizer_step_post_hook(self._on_step)
+        self._mark = time.perf_counter()
+        _active = self
+        return self
+
+    def stop(self) -> None:
+        global _active
+        if _active is self:
+            _active = None
+            self.counter.__exit__(None, None, None)
+            if self._hook is not None:
+                self._hook.remove()
+
+    def graph_called(self, gid: int, host_s: float) -> None:
+        entry = self.calls.setdefault(gid, [0, 0.0])
+        entry[0] += 1
+        entry[1] += host_s
+        self._step_calls[gid] = self._step_calls.get(gid, 0) + 1
+
+    def _on_step(self, opt: Any, *_: Any) -> None:
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if params and all(p.device.type != "neuron" for p in params):
+            self._close()  # a host-only optimizer (a CPU reference model): a boundary only
+            return
+        self.steps.append(self._close())
+
+    def _close(self) -> dict[str, Any]:
+        from neuronlocal.estimate import FACTORS, band, emulated
+        from neuronlocal.estimate.roofline import seconds
+
+        now = time.perf_counter()
+        tally, self.counter.tally = self.counter.tally, Tally()
+        eager = seconds(tally, emulated(), FACTORS) if tally.ops else 0.0
+        graphs = sum(_graph_seconds(g) * n for g, n in self._step_calls.items())
+        est = eager + graphs
+        out = {"step": len(self.steps), "host_s": now - self._mark, "estimated_s": est,
+               "band_s": list(band(est, "train")), "eager_s": eager, "graph_s": graphs,
+               "eager_ops": int(sum(tally.ops.values())),
+               "graph_calls": int(sum(self._step_calls.values())),
+               "tensor_flops": tally.tensor_flops + sum(
+                   float((_graphs.get(g, {}).get("estimate") or {}).get("tensor_flops", 0))
+                   * n for g, n in self._step_calls.items())}
+        self._step_calls = {}
+        self._mark = now
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain data for the run report: steps, graph calls, and the summary with cost."""
+        from neuronlocal.estimate import BAND, HELD_OUT_MEDIAN_ERROR, band, band_width, emulated
+        from neuronlocal.estimate.rates import PRICES_DATE, price
+
+        spec = emulated()
+        graphs = [{"graph_id": g, "graph": _graphs.get(g, {}).get("name", str(g)),
+                   "calls": int(n), "host_s_per_call": h / n if n else 0.0,
+                   "estimated_s_per_call": _graph_seconds(g),
+                   "calibrated": bool((_graphs.get(g, {}).get("estimate") or {}).get(
+                       "calibrated", False))}
+                  for g, (n, h) in sorted(self.calls.items())]
+        out: dict[str, Any] = {"instance": spec.name, "lnc": spec.lnc, "band": BAND,
+                               "step_band": band_width("train"),
+                               "held_out_median_error": HELD_OUT_MEDIAN_ERROR,
+                               "steps": list(self.steps), "graphs": graphs, "summary": None}
+        if self.steps:
+            est = statistics.median(s["estimated_s"] for s in self.steps)
+            host = statistics.median(s["host_s"] for s in self.steps)
+            p = price(spec.name)
+            summary = {"steps": len(self.steps), "estimated_step_s": est,
+                       "band_s": list(band(est, "train")), "host_step_s": host,
+                       "usd_per_hour": p.usd_per_hour if p else None,
+                       "price_verified": p.verified if p else None, "price_date": PRICES_DATE}
+            if p is not None:
+                summary["usd_per_1000_steps"] = [p.usd_per_hour / 3.6 * x
+                                                 for x in (est, *band(est, "train"))]
+            out["summary"] = summary
+        return out
+
+
+def start() -> Capture:
+    """Starts a capture (stopping a leftover one first); `Collector.start` calls this."""
+    if _active is not None:
+        _active.stop()
+    return Capture().start()
+
+
+def active() -> Capture | None:
+    return _active
+
+
+@contextmanager
+def capturing() -> Iterator[Capture]:
+    cap = start()
+    try:
+        yield cap
+    finally:
+        cap.stop()

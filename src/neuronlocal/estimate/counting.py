@@ -1,0 +1,345 @@
+"""What each ATen op asks of a NeuronCore: FLOPs per engine, HBM bytes, collective bytes.
+
+Matmuls and convolutions (the ops `torch.utils.flop_counter` has formulas for) run on the
+tensor engine; elementwise ops, reductions, softmax and copies on the vector and scalar
+engines; views and allocations cost nothing. Bytes are what the op reads and writes, an
+upper bound on HBM traffic that the calibrated fusion factor scales down for vector work.
+Attention is one fused (flash) op, as Trainium's attention kernels run it: its S x S scores
+stay on chip. `Counter` is the dispatch mode that adds every op it sees to a `Tally`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+aten = torch.ops.aten
+_FREE = {aten._unsafe_view, aten.detach, aten.alias, aten.lift_fresh, aten.empty,
+         aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
+         aten._local_scalar_dense, aten.sym_size, aten.sym_stride, aten.sym_numel,
+         aten.sym_storage_offset, aten.is_same_size}
+_WAIT = {"wait_tensor", "_wait_tensor"}
+_SDPA_OPS = {"_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_fused_attention_overrideable"}
+# Ops that touch only part of a big operand: gathers read the rows they return, in-place
+# scatters and copies write what they are given (a KV-cache update is not a cache copy).
+_GATHERS = {"embedding", "index_select", "gather", "take"}
+_SCATTERS = {"copy_", "index_copy_", "index_copy", "index_put_", "index_put", "_index_put_impl_",
+             "scatter_", "scatter", "index_add_", "slice_scatter", "select_scatter",
+             "masked_scatter_", "index_fill_"}
+VECTOR_OPS_PER_SCORE = 5  # max, subtract, exp, sum, scale per attention score (softmax)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op on one core. engine: "tensor", "vector" or "comm"."""
+
+    engine: str
+    flops: float = 0.0  # tensor-engine FLOPs, or vector element-operations
+    bytes: float = 0.0  # HBM bytes read + written
+    dtype: str = "bf16"  # tensor-engine rate class: bf16, fp32, fp8
+    vector: float = 0.0  # vector work inside a tensor op (attention softmax)
+    comm_bytes: float = 0.0  # bytes one rank sends (ring algorithms)
+    group: int = 1  # ranks in the collective
+
+
+@dataclass
+class Tally:
+    """Op costs aggregated by identical cost (a transformer repeats each op per layer)."""
+
+    ops: dict[OpCost, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, cost: OpCost, times: float = 1.0) -> None:
+        self.ops[cost] += times
+
+    def merge(self, other: Tally, times: float = 1.0) -> None:
+        for cost, n in other.ops.items():
+            self.ops[cost] += n * times
+
+    def scaled(self, times: float) -> Tally:
+        out = Tally()
+        out.merge(self, times)
+        return out
+
+    def extrapolate(self, one: Tally, layers: int) -> Tally:
+        """self counted with 2 layers, `one` with 1: the tally of `layers` identical layers."""
+        out = Tally()
+        out.merge(one)
+        keys = set(self.ops) | set(one.ops)
+        for k in keys:
+            per_layer = self.ops.get(k, 0.0) - one.ops.get(k, 0.0)
+            out.ops[k] += per_layer * (layers - 1)
+            if abs(out.ops[k]) < 1e-9:
+                del out.ops[k]
+        return out
+
+    def total(self, what: str, engine: str | None = None) -> float:
+        return sum(getattr(c, what) * n for c, n in self.ops.items()
+                   if engine is None or c.engine == engine)
+
+    @property
+    def tensor_flops(self) -> float:
+        return self.total("flops", "tensor")
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    if dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
+        return "fp32"
+    if "float8" in str(dtype):
+        return "fp8"
+    return "bf16"
+
+
+def _nbytes(t: torch.Tensor) -> float:
+    return float(t.numel() * t.element_size())
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def _group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    schema_args = func._schema.arguments
+    for i, a in enumerate(schema_args):
+        val = args[i] if i < len(args) else kwargs.get(a.name)
+        if a.name == "group_size" and isinstance(val, int):
+            return val
+        if a.name == "group_name" and isinstance(val, str):
+            try:
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                return int(_resolve_process_group(val).size())
+            except Exception:  # noqa: BLE001 - no process group: fall through
+                pass
+        if hasattr(val, "size") and not isinstance(val, torch.Tensor):
+            try:
+                return int(val.size())
+            except Exception:  # noqa: BLE001
+                pass
+    import os
+
+    return max(2, int(os.environ.get("WORLD_SIZE", "2") or 2))
+
+
+def collective_cost(name: str, nbytes: float, p: int) -> OpCost:
+    """Bytes one rank sends for a ring collective of `nbytes` (the input tensor) over p ranks."""
+    frac = (p - 1) / p if p > 1 else 0.0
+    if "all_reduce" in name or "allreduce" in name:
+        sent = 2 * frac * nbytes
+    elif "gather" in name:
+        sent = (p - 1) * nbytes
+    elif "scatter" in name or "all_to_all" in name or "alltoall" in name:
+        sent = frac * nbytes
+    else:  # broadcast, send, recv, barrier
+        sent = nbytes
+    return OpCost("comm", comm_bytes=sent, group=p)
+
+
+def attention_cost(q: torch.Size, k: torch.Size, v: torch.Size, causal: bool, dtype: str,
+                   elem: int, backward: bool = False) -> OpCost:
+    """Fused attention over q (..., Sq, D), k (..., Sk, D), v (..., Sk, Dv)."""
+    heads = math.prod(q[:-2])
+    sq, d, sk, dv = q[-2], q[-1], k[-2], v[-1]
+    scores = heads * sq * sk * (0.5 if causal and sq == sk and sq > 1 else 1.0)
+    flops = 2.0 * scores * (d + dv)
+    kv_heads = math.prod(k[:-2])
+    io = (heads * sq * (d + dv) + kv_heads * sk * (d + dv)) * elem  # q, o, k, v
+    if backward:  # recompute scores, then dV, dP, dQ, dK: 5 matmuls to the forward's 2
+        return OpCost("tensor", 2.5 * flops, 2 * io, dtype, 2 * VECTOR_OPS_PER_SCORE * scores)
+    return OpCost("tensor", flops, io, dtype, VECTOR_OPS_PER_SCORE * scores)
+
+
+def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+            ) -> OpCost | None:
+    """The cost of one ATen op call, or None for views, allocations and waits."""
+    packet = func.overloadpacket
+    if packet in _FREE or func.is_view:
+        return None
+    name = packet.__name__
+    ins, outs = _tensors((args, kwargs)), _tensors(out)
+    if func.namespace in ("_c10d_functional", "c10d", "c10d_functional", "_dtensor"):
+        if name in _WAIT or not ins:
+            return None
+        return collective_cost(name, sum(_nbytes(t) for t in ins), _group_size(func, args,
+                                                                              kwargs))
+    moved = sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs)
+    if name in _SDPA_OPS and len(ins) >= 3:
+        q, k, v = ins[:3]
+        causal = bool(kwargs.get("is_causal", args[4] if len(args) > 4 and
+                                 isinstance(args[4], bool) else False))
+        return attention_cost(q.shape, k.shape, v.shape, causal, dtype_class(q.dtype),
+                              q.element_size())
+    if packet in flop_registry:
+        flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
+        dtype = dtype_class(ins[0].dtype) if ins else "bf16"
+        return OpCost("tensor", flops, moved, dtype)
+    if name.startswith("empty"):
+        return None
+    if name in _GATHERS:
+        moved = 2 * sum(_nbytes(t) for t in outs) + sum(
+            _nbytes(t) for t in ins if not t.is_floating_point())
+        return OpCost("vector", float(sum(t.numel() for t in outs)), moved)
+    if name in _SCATTERS and len(ins) > 1:
+        moved = 2 * sum(_nbytes(t) for t in ins[1:])
+        return OpCost("vector", float(sum(t.numel() for t in ins[1:])), moved)
+    elements = max([t.numel() for t in ins + outs] or [0])
+    if elements == 0:
+        return None
+    return OpCost("vector", float(elements), moved)
+
+
+_SKIP_FRAMES = (__file__, os.path.join("torch", "_dynamo", ""),
+                os.path.join("torch", "utils", ""))
+
+
+def _call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """func(*args), with any warning it raises attributed to the program's line that called
+    the op (as without this mode on the stack), not to this module."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = func(*args, **kwargs)
+    if caught:
+        frame = sys._getframe(1)
+        while frame.f_back is not None and any(x in frame.f_code.co_filename
+                                               for x in _SKIP_FRAMES):
+            frame = frame.f_back
+        registry = frame.f_globals.setdefault("__warningregistry__", {})
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, frame.f_code.co_filename,
+                                   frame.f_lineno, frame.f_globals.get("__name__"), registry)
+    return out
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Attention as one fused op on fake or meta tensors: cost recorded, no S x S tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                causal: bool) -> torch.Tensor:
+        ctx.save_for_backward(q, k, v)
+        ctx.causal = causal
+        _record(attention_cost(q.shape, k.shape, v.shape, causal, dtype_class(q.dtype),
+                               q.element_size()))
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        q, k, v = ctx.saved_tensors
+        _record(attention_cost(q.shape, k.shape, v.shape, ctx.causal, dtype_class(q.dtype),
+                               q.element_size(), backward=True))
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), None
+
+
+_active: list[Counter] = []
+
+
+def _record(cost: OpCost) -> None:
+    if _active:
+        _active[-1].add(cost)
+
+
+class _AttentionMode(TorchFunctionMode):
+    """Routes F.scaled_dot_product_attention through the fused-attention accounting.
+
+    replace=True (meta/fake tensors): the fused op replaces the call, so no S x S tensor is
+    ever made. replace=False (real tensors): the real kernel runs; its forward ops are not
+    counted separately (the fused cost stands for them).
+    """
+
+    def __init__(self, counter: Counter, replace: bool) -> None:
+        super().__init__()
+        self.counter = counter
+        self.replace = replace
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v = args[:3]
+        causal = bool(kwargs.get("is_causal", args[4] if len(args) > 4 else False))
+        if self.replace:  # grouped-query K/V keep their own head count (read once)
+            return _FlashAttention.apply(q, k, v, causal)
+        self.counter.add(attention_cost(q.shape, k.shape, v.shape, causal,
+                                        dtype_class(q.dtype), q.element_size()))
+        with self.counter.paused():
+            return func(*args, **kwargs)
+
+
+class Counter(TorchDispatchMode):
+    """Adds the cost of every ATen op it sees to `tally` (and to `per_key[key]`, if set).
+
+    `only_device`: count only ops touching a tensor of this device type (eager capture on
+    neuron ignores the CPU reference work and the host side of compiled graphs).
+    """
+
+    def __init__(self, replace_attention: bool = True, only_device: str | None = None) -> None:
+        super().__init__()
+        self.tally = Tally()
+        self.per_key: dict[str, Tally] = {}
+        self.key: str | None = None
+        self.only_device = only_device
+        self._paused = 0
+        # On real tensors (eager capture) attention runs as the program runs it, op by op.
+        self._attention = _AttentionMode(self, True) if replace_attention else None
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # torch.compile keeps compiling; compiled graphs are costed on their own
+
+    def add(self, cost: OpCost, times: float = 1.0) -> None:
+        self.tally.add(cost, times)
+        if self.key is not None:
+            self.per_key.setdefault(self.key, Tally()).add(cost, times)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def __enter__(self) -> Counter:
+        _active.append(self)
+        if self._attention is not None:
+            self._attention.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        if self._attention is not None:
+            self._attention.__exit__(*exc)
+        _active.remove(self)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = _call(func, args, kwargs) if self.only_device else func(*args, **kwargs)
+        if self._paused:
+            return out
+        try:
+            if self.only_device is not None and not any(
+                    t.device.type == self.only_device for t in _tensors((args, kwargs))):
+                return out
+            cost = op_cost(func, args, kwargs, out)
+            if cost is not None:
+                self.add(cost)
+        except Exception:  # noqa: BLE001 - counting must never break the program
+            pass
+        return out

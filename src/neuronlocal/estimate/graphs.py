@@ -1,0 +1,83 @@
+"""The estimated Trainium time of one captured FX graph, per node.
+
+The graph runs once on fake copies of its inputs (shapes only, nothing computed) under the
+op counter; an interpreter names the node each op belongs to. When the graph would be
+differentiated (grad mode on, an output requires grad), its backward runs too, on fake
+tensors, and is costed as one more entry. Collectives inside the graph are costed on the
+links of the emulated instance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from neuronlocal.estimate.counting import Counter, Tally
+from neuronlocal.estimate.rates import InstanceSpec
+from neuronlocal.estimate.roofline import Factors, seconds
+
+CALIBRATED_MIN_S = 5e-3  # the fastest published row fitted is a ~6 ms decode step
+
+
+class _Named(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, counter: Counter) -> None:
+        super().__init__(gm)
+        self.counter = counter
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.counter.key = n.name
+        return super().run_node(n)
+
+
+def _fake(mode: Any, x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return mode.from_tensor(x)
+    return x
+
+
+def count_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Counter, bool]:
+    """(counter with per-node tallies, whether a backward was counted)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [_fake(mode, x) for x in example_inputs]
+    counter = Counter(replace_attention=True)
+    backward = False
+    with mode, counter:
+        outs = _Named(gm, counter).run(*fakes)
+        flat = [o for o in torch.utils._pytree.tree_leaves(outs)
+                if isinstance(o, torch.Tensor) and o.requires_grad]
+        if torch.is_grad_enabled() and flat:
+            counter.key = "backward"
+            torch.autograd.backward(flat, [torch.ones_like(o) for o in flat])
+            backward = True
+    return counter, backward
+
+
+def graph_cost(gm: fx.GraphModule, example_inputs: list[Any], spec: InstanceSpec,
+               factors: Factors, band: float) -> dict[str, Any]:
+    """Per-call cost of a graph on one logical core of `spec`, with the error band."""
+    counter, backward = count_graph(gm, list(example_inputs))
+    fwd = Tally()
+    for key, t in counter.per_key.items():
+        if key != "backward":
+            fwd.merge(t)
+    bwd = counter.per_key.get("backward", Tally())
+    fwd_s = seconds(fwd, spec, factors) + factors.launch
+    bwd_s = seconds(bwd, spec, factors) + factors.launch if backward else 0.0
+    total = fwd_s + bwd_s
+    nodes = sorted(((k, seconds(t, spec, factors), t.tensor_flops)
+                    for k, t in counter.per_key.items() if k != "backward"),
+                   key=lambda x: -x[1])[:5]
+    return {
+        "instance": spec.name, "lnc": spec.lnc,
+        "tensor_flops": fwd.tensor_flops, "backward_tensor_flops": bwd.tensor_flops,
+        "hbm_bytes": fwd.total("bytes") + bwd.total("bytes"),
+        "comm_bytes": fwd.total("comm_bytes") + bwd.total("comm_bytes"),
+        "seconds": fwd_s, "backward_seconds": bwd_s,
+        "band": [total / (1 + band), total * (1 + band)],
+        "calibrated": total >= CALIBRATED_MIN_S,
+        "top_nodes": [{"node": k, "seconds": s, "tensor_flops": f} for k, s, f in nodes],
+    }

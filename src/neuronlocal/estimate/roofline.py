@@ -1,0 +1,98 @@
+"""Counted work -> seconds on one NeuronCore: a roofline with calibrated efficiency factors.
+
+Each op takes the longest of its tensor-engine time, its vector/scalar-engine time and its
+HBM time (engines and DMA overlap within an op; ops run one after another). Collectives
+take a fixed latency plus their bytes over the link they cross: the chip's own HBM when
+all ranks share a chip, NeuronLink between chips of an instance, EFA between instances.
+The factors (fractions of peak, a fusion share, two latencies) are fitted to published
+benchmarks by calibrate.py; `fitted.py` holds the result and its held-out error band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from neuronlocal.estimate.counting import Tally
+from neuronlocal.estimate.rates import InstanceSpec
+
+
+@dataclass(frozen=True)
+class Factors:
+    tensor: float  # fraction of tensor-engine peak matmuls reach
+    hbm: float  # fraction of HBM bandwidth reached
+    vector: float  # fraction of the vector + scalar engines' rate reached
+    fusion: float  # share of elementwise bytes that reach HBM (the rest stays in SBUF)
+    link: float  # fraction of NeuronLink / EFA bandwidth a collective reaches
+    latency: float  # seconds of fixed cost per collective
+    launch: float  # seconds of fixed cost per graph execution
+    train: float = 1.0  # training compute / counted compute (recompute, grad accumulation)
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def vector_(self) -> np.ndarray:
+        return np.array([getattr(self, k) for k in NAMES])
+
+
+# neuronx-cc casts FP32 matrix multiplications to BF16 unless told otherwise (its documented
+# default, "--auto-cast matmult"): FP32 matmuls run at the BF16 rate, with FP32 bytes.
+FP32_MATMUL_RATE = "bf16"
+NAMES = ("tensor", "hbm", "vector", "fusion", "link", "latency", "launch", "train")
+
+
+def collective_bandwidth(spec: InstanceSpec, group: int, ranks_per_node: int | None = None
+                         ) -> float:
+    """Bytes/s one rank of a `group`-rank collective gets (peak, before the link factor)."""
+    if group <= spec.cores_per_chip:
+        return spec.hbm_bytes_per_s  # ranks on one chip exchange through its HBM
+    if group <= spec.cores and spec.link_bytes_per_s:
+        return spec.link_bytes_per_s / spec.cores_per_chip
+    if spec.net_bytes_per_s:
+        return spec.net_bytes_per_s / (ranks_per_node or spec.cores)
+    return spec.link_bytes_per_s / spec.cores_per_chip if spec.link_bytes_per_s else \
+        spec.hbm_bytes_per_s
+
+
+class Compiled:
+    """A tally's ops as arrays for one instance, so many factor sets evaluate quickly."""
+
+    def __init__(self, tally: Tally, spec: InstanceSpec) -> None:
+        rows = list(tally.ops.items())
+        n = np.array([c for _, c in rows], dtype=float)
+        is_t = np.array([op.engine == "tensor" for op, _ in rows], dtype=bool)
+        is_v = np.array([op.engine == "vector" for op, _ in rows], dtype=bool)
+        is_c = np.array([op.engine == "comm" for op, _ in rows], dtype=bool)
+        peak = np.array([spec.tensor_flops(FP32_MATMUL_RATE if op.dtype == "fp32" else op.dtype)
+                         for op, _ in rows], dtype=float)
+        flops = np.array([op.flops for op, _ in rows], dtype=float)
+        vec = np.array([op.vector for op, _ in rows], dtype=float)
+        by = np.array([op.bytes for op, _ in rows], dtype=float)
+        bw = np.array([collective_bandwidth(spec, op.group) if op.engine == "comm" else 1.0
+                       for op, _ in rows], dtype=float)
+        cb = np.array([op.comm_bytes for op, _ in rows], dtype=float)
+        self.n_t, self.n_v, self.n_c = n * is_t, n * is_v, n * is_c
+        self.t_mm = np.where(is_t, flops / peak, 0.0)  # seconds at peak
+        self.t_vec = np.where(is_t, vec, np.where(is_v, flops, 0.0)) / spec.vector_flops
+        self.t_hbm = by / spec.hbm_bytes_per_s
+        self.t_comm = np.where(is_c, cb / bw, 0.0)
+        self.flops = float((flops * n * is_t).sum())
+
+    def seconds(self, f: Factors) -> float:
+        tensor = np.maximum(np.maximum(self.t_mm / f.tensor, self.t_vec / f.vector),
+                            self.t_hbm / f.hbm)
+        vector = np.maximum(self.t_vec / f.vector, self.t_hbm * f.fusion / f.hbm)
+        comm = self.t_comm / f.link + f.latency
+        return float((tensor * self.n_t).sum() + (vector * self.n_v).sum()
+                     + (comm * self.n_c).sum())
+
+
+def seconds(tally: Tally, spec: InstanceSpec, f: Factors) -> float:
+    """Seconds one core of `spec` spends on the ops of `tally`."""
+    return Compiled(tally, spec).seconds(f)
+
+
+def collective_seconds(nbytes_sent: float, count: float, bandwidth: float, f: Factors) -> float:
+    """`count` collectives sending `nbytes_sent` bytes per rank in all over `bandwidth`."""
+    return count * f.latency + nbytes_sent / (bandwidth * f.link)

@@ -1,0 +1,292 @@
+"""Full-size workloads counted on the meta device: nothing is allocated, every op is costed.
+
+A transformers model is built on `meta` from its config and run once: a training step
+(forward, loss, backward), a prefill, one decode step against a static KV cache of a given
+length, or an encoder forward. Models whose layers are identical are counted with one and
+with two layers and extrapolated to the full depth, which is exact for them and keeps a
+405B count under a second. Saved activations are measured with saved-tensor hooks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neuronlocal.estimate.counting import Counter, Tally
+
+# Published model shapes the calibration rows and the CLI use (config.json values).
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama-2-7b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+                   "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 32, "vocab_size": 32000},
+    "llama-2-13b": {"model_type": "llama", "hidden_size": 5120, "intermediate_size": 13824,
+                    "num_hidden_layers": 40, "num_attention_heads": 40,
+                    "num_key_value_heads": 40, "vocab_size": 32000},
+    "llama-2-70b": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+                    "num_hidden_layers": 80, "num_attention_heads": 64,
+                    "num_key_value_heads": 8, "vocab_size": 32000},
+    "codellama-13b": {"model_type": "llama", "hidden_size": 5120, "intermediate_size": 13824,
+                      "num_hidden_layers": 40, "num_attention_heads": 40,
+                      "num_key_value_heads": 40, "vocab_size": 32016},
+    "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, "vocab_size": 128256},
+    "llama-3.1-70b": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+                      "num_hidden_layers": 80, "num_attention_heads": 64,
+                      "num_key_value_heads": 8, "vocab_size": 128256},
+    "llama-3.1-405b": {"model_type": "llama", "hidden_size": 16384,
+                       "intermediate_size": 53248, "num_hidden_layers": 126,
+                       "num_attention_heads": 128, "num_key_value_heads": 8,
+                       "vocab_size": 128256},
+    "mistral-7b": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                   "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "vocab_size": 32000, "sliding_window": None},
+    "gpt3-175b": {"model_type": "gpt2", "n_embd": 12288, "n_layer": 96, "n_head": 96,
+                  "n_positions": 2048, "vocab_size": 50257},
+    "bert-base": {"model_type": "bert"},
+    "bert-large": {"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24,
+                   "num_attention_heads": 16, "intermediate_size": 4096},
+    "roberta-base": {"model_type": "roberta", "vocab_size": 50265,
+                     "max_position_embeddings": 514, "type_vocab_size": 1},
+    "roberta-large": {"model_type": "roberta", "hidden_size": 1024, "num_hidden_layers": 24,
+                      "num_attention_heads": 16, "intermediate_size": 4096,
+                      "vocab_size": 50265, "max_position_embeddings": 514,
+                      "type_vocab_size": 1},
+    "distilbert-base": {"model_type": "distilbert"},
+    "vit-base": {"model_type": "vit", "image_size": 224, "patch_size": 16},
+}
+PRESETS["llama-3.3-70b"] = PRESETS["llama-3.1-70b"]
+
+# What a model is run as: causal LM (train / prefill / decode), or one of the heads the
+# published encoder and vision rows used.
+ARCH_CLASSES = {"bert-pretraining": "BertForPreTraining", "encoder": "AutoModel",
+                "image-classification": "ViTForImageClassification"}
+
+
+def _cache_keyword() -> str:
+    """transformers 5 renamed `past_key_values` to `cache` on model forwards."""
+    import inspect
+
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else \
+        "past_key_values"
+
+
+class WorkloadError(ValueError):
+    """The model or its config cannot be counted (the CLI's exit status 2)."""
+
+
+def load_config(spec: str) -> Any:
+    """A transformers config from a preset name, a model type, or a config.json path."""
+    from transformers import CONFIG_MAPPING
+
+    if spec in PRESETS:
+        raw = dict(PRESETS[spec])
+    elif spec in CONFIG_MAPPING:
+        return CONFIG_MAPPING[spec]()
+    elif Path(spec).is_file() or Path(spec, "config.json").is_file():
+        path = Path(spec) if Path(spec).is_file() else Path(spec, "config.json")
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise WorkloadError(f"cannot read {path}: {e}") from e
+    else:
+        raise WorkloadError(f"{spec!r} is not a preset ({', '.join(PRESETS)}), a transformers "
+                            "model type, or a config.json path.")
+    mt = raw.pop("model_type", None)
+    if mt not in CONFIG_MAPPING:
+        raise WorkloadError(f"{spec}: 'model_type' is {mt!r}, not a transformers model type.")
+    return CONFIG_MAPPING[mt](**raw)
+
+
+@dataclass
+class Shape:
+    """What the parallel layout needs to know about a model."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    params: int
+
+
+def shape(cfg: Any, params: int) -> Shape:
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    hidden = int(getattr(text, "hidden_size", 0) or getattr(text, "dim", 0))
+    heads = int(getattr(text, "num_attention_heads", 0) or getattr(text, "n_heads", 1))
+    kv = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // max(heads, 1))
+    layers = int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layers", 1))
+    return Shape(layers, hidden, heads, kv, head_dim, params)
+
+
+@dataclass
+class Workload:
+    """One micro-batch of a model, whole (not yet split over cores)."""
+
+    forward: Tally
+    backward: Tally
+    activation_bytes: float  # saved for backward (training) or KV cache (decode)
+    shape: Shape
+
+
+def _uniform_layers(cfg: Any) -> bool:
+    types = getattr(cfg, "layer_types", None)
+    if types and len(set(types)) > 1:
+        return False
+    return not any(getattr(cfg, k, 0) for k in ("first_k_dense_replace", "decoder_sparse_step",
+                                                "moe_layer_freq"))
+
+
+def _with_layers(cfg: Any, n: int) -> Any:
+    c = copy.deepcopy(cfg)
+    c.num_hidden_layers = n
+    types = getattr(c, "layer_types", None)
+    if isinstance(types, list):
+        c.layer_types = types[:n]
+    return c
+
+
+def _model(cfg: Any, arch: str, dtype: torch.dtype) -> torch.nn.Module:
+    import transformers
+
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        if arch in ARCH_CLASSES:
+            name = ARCH_CLASSES[arch]
+            cls = getattr(transformers, name)
+            model = cls.from_config(cfg) if name.startswith("Auto") else cls(cfg)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+    return model.to(dtype)
+
+
+def _params(model: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def _inputs(cfg: Any, arch: str, batch: int, seq: int) -> dict[str, torch.Tensor]:
+    if arch == "image-classification":
+        return {"pixel_values": torch.zeros(batch, 3, cfg.image_size, cfg.image_size,
+                                            device="meta", dtype=torch.bfloat16)}
+    return {"input_ids": torch.zeros(batch, seq, dtype=torch.long, device="meta")}
+
+
+class _Saved:
+    """Bytes of the activations autograd saves (parameters and their views excluded)."""
+
+    def __init__(self, params: set[int]) -> None:
+        self.params = params
+        self.seen: set[int] = set()
+        self.bytes = 0.0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        root = t._base if t._base is not None else t
+        if id(root) not in self.params and id(root) not in self.seen:
+            self.seen.add(id(root))
+            self.bytes += root.numel() * root.element_size()
+        return t
+
+
+def _count_once(cfg: Any, arch: str, mode: str, batch: int, seq: int, ctx: int,
+                dtype: torch.dtype) -> tuple[Tally, Tally, float, int]:
+    model = _model(cfg, arch, dtype)
+    params = _params(model)
+    inputs = _inputs(cfg, arch, batch, seq)
+    fwd, bwd = Counter(), Counter()
+    saved = _Saved({id(p) for p in model.parameters()})
+    if mode == "train":
+        model.train()
+        with fwd, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            out = model(**inputs, **({"labels": inputs["input_ids"]} if arch == "causal-lm"
+                                     else {}))
+            loss = out.loss if getattr(out, "loss", None) is not None else (
+                out[0].float().sum())
+        with bwd:
+            loss.backward()
+        return fwd.tally, bwd.tally, saved.bytes, params
+    model.eval()
+    with torch.no_grad():
+        if mode == "decode":
+            from transformers import StaticCache
+
+            cache = StaticCache(config=cfg, max_cache_len=ctx + 1)
+            kw = {_cache_keyword(): cache}
+            prompt = torch.zeros(batch, ctx, dtype=torch.long, device="meta")
+            model(input_ids=prompt, **kw, use_cache=True, logits_to_keep=1)
+            step = torch.zeros(batch, 1, dtype=torch.long, device="meta")
+            pos = torch.full((1,), ctx, dtype=torch.long, device="meta")
+            with fwd:
+                model(input_ids=step, **kw, use_cache=True,
+                      cache_position=pos, logits_to_keep=1)
+            kv = sum(t.numel() * t.element_size() for layer in cache.layers
+                     for t in (layer.keys, layer.values) if t is not None)
+            return fwd.tally, bwd.tally, float(kv), params
+        kwargs: dict[str, Any] = {}
+        if mode == "prefill":
+            kwargs = {"use_cache": False, "logits_to_keep": 1}
+        with fwd:
+            model(**inputs, **kwargs)
+    return fwd.tally, bwd.tally, 0.0, params
+
+
+@contextmanager
+def _meta_friendly() -> Iterator[None]:
+    """transformers settings for counting on meta: grouped K/V are read once (not repeated),
+    and the packed-sequence probe (which reads a value, impossible on meta) finds none."""
+    from transformers import masking_utils
+
+    old_env = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
+    old_probe = getattr(masking_utils, "find_packed_sequence_indices", None)
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    if old_probe is not None:
+        masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        if old_probe is not None:
+            masking_utils.find_packed_sequence_indices = old_probe
+        if old_env is None:
+            os.environ.pop("TRANSFORMERS_SDPA_FORCE_GQA", None)
+        else:
+            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = old_env
+
+
+def _count(cfg: Any, mode: str, batch: int, seq: int, ctx: int, arch: str,
+           dtype: torch.dtype) -> tuple[Tally, Tally, float, float]:
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    if layers <= 2 or not _uniform_layers(cfg):
+        return _count_once(cfg, arch, mode, batch, seq, ctx, dtype)
+    f1, b1, a1, p1 = _count_once(_with_layers(cfg, 1), arch, mode, batch, seq, ctx, dtype)
+    f2, b2, a2, p2 = _count_once(_with_layers(cfg, 2), arch, mode, batch, seq, ctx, dtype)
+    return (f2.extrapolate(f1, layers), b2.extrapolate(b1, layers), a1 + (a2 - a1) * (layers - 1),
+            p1 + (p2 - p1) * (layers - 1))
+
+
+def count(cfg: Any, mode: str, batch: int, seq: int, ctx: int = 0, arch: str = "causal-lm",
+          dtype: torch.dtype = torch.bfloat16) -> Workload:
+    """Counts one micro-batch: mode "train", "prefill", "decode" (one token, `ctx` cached) or
+    "forward" (an encoder or classifier forward)."""
+    try:
+        with _meta_friendly():
+            fwd, bwd, act, params = _count(cfg, mode, batch, seq, ctx, arch, dtype)
+    except Exception as e:  # noqa: BLE001 - any model failure is a clear input error here
+        raise WorkloadError(f"cannot run {type(cfg).__name__} on the meta device: "
+                            f"{type(e).__name__}: {e}") from e
+    return Workload(fwd, bwd, act, shape(cfg, int(params)))

@@ -18,12 +18,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 aten = torch.ops.aten
@@ -45,9 +44,8 @@ _SCATTERS = {"copy_", "index_copy_", "index_copy", "index_put_", "index_put", "_
 VECTOR_OPS_PER_SCORE = 5  # max, subtract, exp, sum, scale per attention score (softmax)
 
 
-@dataclass(frozen=True)
-class OpCost:
-    """One op on one core. engine: "tensor", "vector" or "comm"."""
+class OpCost(NamedTuple):
+    """One op on one core. engine: "tensor", "vector" or "comm" (a tuple: hashed per op)."""
 
     engine: str
     flops: float = 0.0  # tensor-engine FLOPs, or vector element-operations
@@ -106,11 +104,22 @@ def dtype_class(dtype: torch.dtype) -> str:
 
 
 def _nbytes(t: torch.Tensor) -> float:
-    return float(t.numel() * t.element_size())
+    return float(t.nbytes)
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+    """The tensors of an op's (args, kwargs) or result, in order (ATen nests lists once)."""
+    out: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
+        elif isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+    return out
 
 
 def _group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -164,14 +173,16 @@ def attention_cost(q: torch.Size, k: torch.Size, v: torch.Size, causal: bool, dt
     return OpCost("tensor", flops, io, dtype, VECTOR_OPS_PER_SCORE * scores)
 
 
-def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
-            ) -> OpCost | None:
-    """The cost of one ATen op call, or None for views, allocations and waits."""
+def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+            ins: list[torch.Tensor] | None = None) -> OpCost | None:
+    """The cost of one ATen op call, or None for views, allocations and waits. `ins`: the
+    tensors of args and kwargs, when the caller has them already."""
     packet = func.overloadpacket
     if packet in _FREE or func.is_view:
         return None
     name = packet.__name__
-    ins, outs = _tensors((args, kwargs)), _tensors(out)
+    ins = _tensors((args, kwargs)) if ins is None else ins
+    outs = _tensors(out)
     if func.namespace in ("_c10d_functional", "c10d", "c10d_functional", "_dtensor"):
         if name in _WAIT or not ins:
             return None
@@ -205,6 +216,23 @@ def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
 
 _SKIP_FRAMES = (__file__, os.path.join("torch", "_dynamo", ""),
                 os.path.join("torch", "utils", ""))
+
+
+_64BIT = (torch.float64, torch.int64, torch.complex128)
+
+
+_fallbacks: frozenset[str] | None = None
+
+
+def _may_warn(func: Any, ins: list[torch.Tensor]) -> bool:
+    """Whether neuronlocal's core may warn about this op: a CPU fallback or 64-bit data."""
+    global _fallbacks
+    if _fallbacks is None:
+        from neuronlocal.eager.ops import CPU_FALLBACK_OPS
+
+        _fallbacks = frozenset(CPU_FALLBACK_OPS)
+    return (any(t.dtype in _64BIT for t in ins)
+            or f"{func.namespace}::{func.overloadpacket.__name__}" in _fallbacks)
 
 
 def _call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -330,16 +358,24 @@ class Counter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        out = _call(func, args, kwargs) if self.only_device else func(*args, **kwargs)
-        if self._paused:
+        if self.only_device is None:
+            out = func(*args, **kwargs)
+            if not self._paused:
+                self._count(func, args, kwargs, out, None)
             return out
+        ins = _tensors((args, kwargs))
+        mine = any(t.device.type == self.only_device for t in ins)
+        out = _call(func, args, kwargs) if mine and _may_warn(func, ins) else \
+            func(*args, **kwargs)
+        if mine and not self._paused:
+            self._count(func, args, kwargs, out, ins)
+        return out
+
+    def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+               ins: list[torch.Tensor] | None) -> None:
         try:
-            if self.only_device is not None and not any(
-                    t.device.type == self.only_device for t in _tensors((args, kwargs))):
-                return out
-            cost = op_cost(func, args, kwargs, out)
+            cost = op_cost(func, args, kwargs, out, ins)
             if cost is not None:
                 self.add(cost)
         except Exception:  # noqa: BLE001 - counting must never break the program
             pass
-        return out

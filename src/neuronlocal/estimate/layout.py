@@ -11,7 +11,7 @@ micro-batch, overlapped with compute. Inference shards the same way over `tp`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from neuronlocal.estimate.counting import OpCost, Tally
@@ -96,7 +96,7 @@ def _kv_sharded(tally: Tally, tp: int, kv_heads: int) -> Tally:
     out = Tally()
     for op, n in tally.ops.items():
         if op.engine == "tensor" and op.vector:
-            op = replace(op, bytes=op.bytes * tp / shards)
+            op = op._replace(bytes=op.bytes * tp / shards)
         out.add(op, n)
     return out
 

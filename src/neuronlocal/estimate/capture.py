@@ -165,10 +165,6 @@ def start() -> Capture:
     return Capture().start()
 
 
-def active() -> Capture | None:
-    return _active
-
-
 @contextmanager
 def capturing() -> Iterator[Capture]:
     cap = start()

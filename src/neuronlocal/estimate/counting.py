@@ -4,8 +4,9 @@ Matmuls and convolutions (the ops `torch.utils.flop_counter` has formulas for) r
 tensor engine; elementwise ops, reductions, softmax and copies on the vector and scalar
 engines; views and allocations cost nothing. Bytes are what the op reads and writes, an
 upper bound on HBM traffic that the calibrated fusion factor scales down for vector work.
-Attention is one fused (flash) op, as Trainium's attention kernels run it: its S x S scores
-stay on chip. `Counter` is the dispatch mode that adds every op it sees to a `Tally`.
+On fake and meta tensors attention is one fused (flash) op, as Trainium's attention kernels
+run it: its S x S scores stay on chip (on real tensors it is costed as the ops that run).
+`Counter` is the dispatch mode that adds every op it sees to a `Tally`.
 """
 
 from __future__ import annotations
@@ -68,11 +69,6 @@ class Tally:
     def merge(self, other: Tally, times: float = 1.0) -> None:
         for cost, n in other.ops.items():
             self.ops[cost] += n * times
-
-    def scaled(self, times: float) -> Tally:
-        out = Tally()
-        out.merge(self, times)
-        return out
 
     def extrapolate(self, one: Tally, layers: int) -> Tally:
         """self counted with 2 layers, `one` with 1: the tally of `layers` identical layers."""
@@ -282,17 +278,8 @@ def _record(cost: OpCost) -> None:
 
 
 class _AttentionMode(TorchFunctionMode):
-    """Routes F.scaled_dot_product_attention through the fused-attention accounting.
-
-    replace=True (meta/fake tensors): the fused op replaces the call, so no S x S tensor is
-    ever made. replace=False (real tensors): the real kernel runs; its forward ops are not
-    counted separately (the fused cost stands for them).
-    """
-
-    def __init__(self, counter: Counter, replace: bool) -> None:
-        super().__init__()
-        self.counter = counter
-        self.replace = replace
+    """Replaces F.scaled_dot_product_attention on fake or meta tensors with the fused op, so
+    it is costed as Trainium runs it and no S x S tensor is ever made."""
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -301,19 +288,16 @@ class _AttentionMode(TorchFunctionMode):
             return func(*args, **kwargs)
         q, k, v = args[:3]
         causal = bool(kwargs.get("is_causal", args[4] if len(args) > 4 else False))
-        if self.replace:  # grouped-query K/V keep their own head count (read once)
-            return _FlashAttention.apply(q, k, v, causal)
-        self.counter.add(attention_cost(q.shape, k.shape, v.shape, causal,
-                                        dtype_class(q.dtype), q.element_size()))
-        with self.counter.paused():
-            return func(*args, **kwargs)
+        return _FlashAttention.apply(q, k, v, causal)  # grouped K/V keep their head count
 
 
 class Counter(TorchDispatchMode):
     """Adds the cost of every ATen op it sees to `tally` (and to `per_key[key]`, if set).
 
+    `replace_attention` (fake/meta tensors only): attention becomes the fused op.
     `only_device`: count only ops touching a tensor of this device type (eager capture on
-    neuron ignores the CPU reference work and the host side of compiled graphs).
+    neuron ignores the CPU reference work and the host side of compiled graphs); their
+    warnings keep the program's line as their location.
     """
 
     def __init__(self, replace_attention: bool = True, only_device: str | None = None) -> None:
@@ -324,7 +308,7 @@ class Counter(TorchDispatchMode):
         self.only_device = only_device
         self._paused = 0
         # On real tensors (eager capture) attention runs as the program runs it, op by op.
-        self._attention = _AttentionMode(self, True) if replace_attention else None
+        self._attention = _AttentionMode() if replace_attention else None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:

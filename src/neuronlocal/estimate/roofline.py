@@ -92,7 +92,3 @@ def seconds(tally: Tally, spec: InstanceSpec, f: Factors) -> float:
     """Seconds one core of `spec` spends on the ops of `tally`."""
     return Compiled(tally, spec).seconds(f)
 
-
-def collective_seconds(nbytes_sent: float, count: float, bandwidth: float, f: Factors) -> float:
-    """`count` collectives sending `nbytes_sent` bytes per rank in all over `bandwidth`."""
-    return count * f.latency + nbytes_sent / (bandwidth * f.link)

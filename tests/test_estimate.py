@@ -110,14 +110,24 @@ def test_decode_counts_weights_and_kv_cache_once():
 
 
 def test_collectives_cost_ring_bytes():
-    c = Counter()
+    from neuronlocal.estimate.counting import op_cost
+
+    x = torch.ones(1024)
+    ar = op_cost(torch.ops._c10d_functional.all_reduce.default, (x, "sum", "g"), {}, x)
+    assert ar.engine == "comm" and ar.comm_bytes == pytest.approx(
+        2 * (ar.group - 1) / ar.group * 4096)
+    ag = op_cost(torch.ops._c10d_functional.all_gather_into_tensor.default, (x, 4, "g"), {},
+                 torch.ones(4096))
+    assert (ag.group, ag.comm_bytes) == (4, 3 * 4096)
+
+
+def test_counter_costs_eager_neuron_ops_only():
+    c = Counter(replace_attention=False, only_device="neuron")
+    a, b = torch.ones(16, 32, device="neuron"), torch.ones(32, 8, device="neuron")
     with c:
-        x = torch.ones(1024)
-        op = torch.ops._c10d_functional.all_reduce.default
-        from neuronlocal.estimate.counting import op_cost
-        cost = op_cost(op, (x, "sum", "g"), {}, x)
-    assert cost.engine == "comm" and cost.comm_bytes == pytest.approx(
-        2 * (cost.group - 1) / cost.group * 4096)
+        a @ b
+        torch.ones(16, 32) @ torch.ones(32, 8)  # host work: not counted
+    assert c.tally.tensor_flops == 2 * 16 * 32 * 8
 
 
 # ---- hardware facts -------------------------------------------------------------------------

@@ -219,6 +219,29 @@ def test_mark_dynamic_specializes_with_one_warning(monkeypatch):
     assert len([w for w in seen if "once per concrete shape" in str(w.message)]) == 1
 
 
+def test_compiled_graph_memory_is_counted():
+    """A compiled graph's buffers count against the core, as device memory on Trainium: the
+    activations a compiled forward saves for backward are live HBM until backward frees
+    them, and everything returns to the baseline after the step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).to("neuron")
+    x = torch.randn(512, 256, device="neuron")
+    step = torch.compile(lambda m, x: m(x).square().mean(), backend="neuron")
+    step(model, x).backward()
+    model.zero_grad(set_to_none=True)
+    base = torch.neuron.memory_allocated()
+    torch.neuron.reset_peak_memory_stats()
+    loss = step(model, x)
+    saved = torch.neuron.memory_allocated() - base
+    loss.backward()
+    del loss
+    activation = 512 * 1024 * 4  # the ReLU output, saved for backward
+    assert saved >= activation
+    assert torch.neuron.max_memory_allocated() - base >= activation
+    model.zero_grad(set_to_none=True)
+    assert torch.neuron.memory_allocated() == base
+
+
 def test_dynamic_true_rejected():
     fn = torch.compile(lambda x: x + 1, backend="neuron", dynamic=True)
     with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):

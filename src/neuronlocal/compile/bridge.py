@@ -11,6 +11,10 @@ require grad (AOTAutograd builds its own CPU graph), and `_Bridge.backward` asks
 for the input gradients and adopts them as neuron tensors. Parameters and gradients
 therefore stay neuron tensors for optimizers, DDP hooks and FSDP, while the compiled
 artifact stays the stock CPU one (which is what makes warm restarts cheap).
+
+While compiled code runs, its host allocations (workspace, activations saved for backward,
+outputs) are counted against the core's HBM, as a compiled graph's buffers would occupy
+device memory on Trainium; peak HBM of compiled training therefore includes activations.
 """
 
 from __future__ import annotations
@@ -51,10 +55,16 @@ def output_devices(gm: torch.fx.GraphModule) -> list[bool]:
     return out
 
 
-def _call(fn: Callable[..., Any], args: list[Any]) -> list[Any]:
-    # compile_fx's result takes positional arguments, as Dynamo calls it (its `_boxed_call`
-    # attribute is copied from the inner function by functools.wraps and does not apply).
-    return list(fn(*args))
+def _call(fn: Callable[..., Any], args: list[Any], index: int) -> list[Any]:
+    """Runs compiled code with its host allocations counted against core `index`."""
+    prev = _C._set_host_core(index)
+    try:
+        # compile_fx's result takes positional arguments, as Dynamo calls it (its
+        # `_boxed_call` is copied from the inner function by functools.wraps and does not
+        # apply).
+        return list(fn(*args))
+    finally:
+        _C._set_host_core(prev)
 
 
 class _Bridge(torch.autograd.Function):
@@ -72,7 +82,7 @@ class _Bridge(torch.autograd.Function):
                 cpu_args[i] = c.detach().requires_grad_(True)
                 leaves.append(i)
         with torch.enable_grad():
-            outs = _call(graph.fn, cpu_args)
+            outs = _call(graph.fn, cpu_args, index)
         diff = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
         ctx.diff, ctx.leaves, ctx.nargs, ctx.index = diff, leaves, len(args), index
         ctx.input_neuron = [isinstance(args[i], torch.Tensor) and args[i].device.type == "neuron"
@@ -101,8 +111,12 @@ class _Bridge(torch.autograd.Function):
             grad_outs.append(g)
         # The CPU graph is kept exactly when the outer backward keeps its graph.
         keep = torch._C._autograd._get_current_graph_task_keep_graph()
-        in_grads = torch.autograd.grad(outs, leaves, grad_outs, allow_unused=True,
-                                       retain_graph=keep)
+        prev = _C._set_host_core(ctx.index)
+        try:
+            in_grads = torch.autograd.grad(outs, leaves, grad_outs, allow_unused=True,
+                                           retain_graph=keep)
+        finally:
+            _C._set_host_core(prev)
         result: list[Any] = [None] * ctx.nargs
         for pos, g, to_neuron in zip(ctx.leaves, in_grads, ctx.input_neuron, strict=True):
             if g is not None and to_neuron:
@@ -122,8 +136,8 @@ class CompiledGraph:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
                                            for a in args):
             return list(_Bridge.apply(self, *args))
-        cpu_args, index = _C._bridge_in(list(args))
-        outs = _call(self.fn, cpu_args)
+        cpu_args, index = _C._bridge_in(list(args), True)
+        outs = _call(self.fn, cpu_args, index)
         result = _C._bridge_out(outs, index, self.to_neuron)
         for i, (o, r) in enumerate(zip(outs, result, strict=True)):
             if isinstance(o, torch.Tensor) and o.requires_grad and r is not o:

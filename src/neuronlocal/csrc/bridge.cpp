@@ -7,10 +7,52 @@
 #include <unordered_map>
 
 namespace neuron {
+namespace {
+
+// The CPU alias of a neuron tensor, kept on the tensor itself (PyTorch's per-tensor backend
+// metadata) so that parameters and caches passed to every call of a compiled graph are not
+// re-aliased each time. It lives and dies with the tensor; `clone` (detach, .data, shallow
+// copies) starts empty, so copies never share it.
+struct AliasMeta final : c10::BackendMeta {
+  at::Tensor alias;
+  c10::intrusive_ptr<c10::BackendMeta> clone(
+      const c10::intrusive_ptr<c10::BackendMeta>& /*ptr*/) const override {
+    return c10::make_intrusive<AliasMeta>();
+  }
+};
+
+// Still an alias of `t` exactly? set_(), resize_(), `.data = ...` and in-place metadata
+// changes all show up here, and the alias is then made again.
+bool same_view(const c10::TensorImpl* n, const c10::TensorImpl* a) {
+  return a->storage().data() == n->storage().data() &&
+         a->storage().nbytes() == n->storage().nbytes() && a->dtype() == n->dtype() &&
+         a->storage_offset() == n->storage_offset() && a->sizes().equals(n->sizes()) &&
+         a->strides().equals(n->strides()) && a->is_conj() == n->is_conj() &&
+         a->is_neg() == n->is_neg();
+}
+
+const at::Tensor& cached_alias(const at::Tensor& t) {
+  auto* impl = t.unsafeGetTensorImpl();
+  auto* meta = dynamic_cast<AliasMeta*>(impl->get_backend_meta());
+  if (meta == nullptr) {
+    auto fresh = c10::make_intrusive<AliasMeta>();
+    meta = fresh.get();
+    impl->set_backend_meta(std::move(fresh));
+  }
+  if (!meta->alias.defined() || !same_view(impl, meta->alias.unsafeGetTensorImpl())) {
+    meta->alias = cpu_alias(t);
+  }
+  return meta->alias;
+}
+
+}  // namespace
 
 // Neuron tensors become CPU aliases; everything else passes through. The device index of
-// the first neuron tensor is returned (current device when there is none).
-std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args) {
+// the first neuron tensor is returned (current device when there is none). `reuse`: hand
+// out the alias kept on each tensor (calls without autograd), else fresh aliases (a
+// differentiable call marks its aliases as graph leaves).
+std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args,
+                                                  bool reuse) {
   std::vector<py::object> out;
   out.reserve(args.size());
   int index = -1;
@@ -19,7 +61,8 @@ std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>&
       const auto& t = THPVariable_Unpack(a.ptr());
       if (t.defined() && t.device().type() == kNeuron) {
         if (index < 0) index = t.device().index();
-        out.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(cpu_alias(t))));
+        out.push_back(py::reinterpret_steal<py::object>(
+            THPVariable_Wrap(reuse ? cached_alias(t) : cpu_alias(t))));
         continue;
       }
     }
@@ -46,7 +89,15 @@ std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int inde
         auto* key = t.storage().unsafeGetStorageImpl();
         auto it = adopted.find(key);
         if (it == adopted.end()) {
-          it = adopted.emplace(key, adopt_storage(t.storage(), static_cast<c10::DeviceIndex>(index))).first;
+          // An output over an input's bytes (a view, an in-place result) is a view of that
+          // neuron storage again, not a second copy counted against the core.
+          if (auto* src = alias_source(t.storage())) {
+            it = adopted.emplace(key, c10::Storage(
+                c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(src))).first;
+          } else {
+            it = adopted.emplace(key, adopt_storage(t.storage(),
+                                                    static_cast<c10::DeviceIndex>(index))).first;
+          }
         }
         auto n = at::detail::make_tensor<c10::TensorImpl>(
             c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());

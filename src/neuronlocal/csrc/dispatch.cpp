@@ -506,6 +506,12 @@ at::Tensor cpu_alias(const at::Tensor& t) {
   return out;
 }
 
+c10::StorageImpl* alias_source(const c10::Storage& cpu) {
+  const auto& dp = cpu.data_ptr();
+  return dp.get_deleter() == &release_storage ? static_cast<c10::StorageImpl*>(dp.get_context())
+                                              : nullptr;
+}
+
 void set_policy(bool downcast_64bit, bool strict) {
   g_downcast = downcast_64bit;
   g_strict = strict;

@@ -14,6 +14,7 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 
 namespace neuron {
 namespace {
@@ -188,6 +189,8 @@ void free_block(void* ctx) {
   delete b;
 }
 
+c10::Allocator* host_inner();
+
 struct NeuronAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     auto index = current_device();
@@ -195,7 +198,7 @@ struct NeuronAllocator final : public c10::Allocator {
     if (n == 0) return c10::DataPtr(nullptr, dev);
     Block* b = account(index, static_cast<int64_t>(n));
     try {
-      b->host = c10::GetCPUAllocator()->allocate(n);
+      b->host = host_inner()->allocate(n);
     } catch (...) {
       free_block(b);
       throw;
@@ -209,7 +212,86 @@ struct NeuronAllocator final : public c10::Allocator {
 };
 
 
+// Host allocations made while a compiled graph runs for a core (its workspace, the
+// activations it saves for backward, its outputs) are counted against that core's HBM, as
+// on Trainium, where a compiled graph's buffers live in device memory. Every other host
+// allocation passes straight through. Counted blocks keep the CPU allocator's contract that
+// a DataPtr's context is its data (raw_allocate users rely on it): the Block is found by
+// address in a side table instead.
+thread_local c10::DeviceIndex t_host_core = -1;
+
+std::unordered_map<void*, Block*>& host_blocks() {
+  static auto* m = new std::unordered_map<void*, Block*>();  // leaked, like mu()
+  return *m;
+}
+
+// The CPU allocator as it was before install_host_allocator() wrapped it.
+c10::Allocator* host_inner() {
+  static c10::Allocator* inner = c10::GetCPUAllocator();
+  return inner;
+}
+
+void host_free(void* p) {
+  Block* b = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    auto& m = host_blocks();
+    auto it = m.find(p);
+    if (it != m.end()) {
+      b = it->second;
+      m.erase(it);
+    }
+  }
+  host_inner()->raw_deleter()(p);
+  if (b) free_block(b);
+}
+
+bool host_counted(const c10::DataPtr& dp) {
+  if (dp.get_deleter() != &host_free) return false;
+  std::lock_guard<std::mutex> lock(mu());
+  return host_blocks().count(dp.get()) > 0;
+}
+
+struct HostAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    if (t_host_core < 0 || n == 0) return host_inner()->allocate(n);
+    Block* b = account(t_host_core, static_cast<int64_t>(n));
+    void* p = nullptr;
+    try {
+      p = host_inner()->raw_allocate(n);
+    } catch (...) {
+      free_block(b);
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      host_blocks().emplace(p, b);
+    }
+    return c10::DataPtr(p, p, &host_free, c10::Device(c10::kCPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &host_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
 }  // namespace
+
+void install_host_allocator() {
+  static auto* a = [] {
+    host_inner();  // remember the allocator being wrapped, before wrapping it
+    auto* h = new HostAllocator();  // leaked: frees can run during interpreter shutdown
+    c10::SetAllocator(c10::kCPU, h, /*priority=*/1);
+    return h;
+  }();
+  (void)a;
+}
+
+c10::DeviceIndex set_host_core(c10::DeviceIndex index) {
+  auto prev = t_host_core;
+  t_host_core = index;
+  return prev;
+}
 
 c10::Allocator* allocator() {
   static auto* a = new NeuronAllocator();  // leaked: frees can run during interpreter shutdown
@@ -226,7 +308,10 @@ void set_budgets(const std::vector<int64_t>& bytes_per_core) {
 void set_oom_hint(const std::string& hint) { oom_hint() = hint; }
 
 c10::DataPtr adopt_data(c10::Storage owner, c10::DeviceIndex index) {
-  Block* b = account(index, static_cast<int64_t>(owner.nbytes()));
+  // Bytes a compiled graph allocated for this core are counted already (HostAllocator).
+  const bool counted = host_counted(owner.data_ptr());
+  Block* b = counted ? new Block{index, 0, 0, 1, {}, {}}
+                     : account(index, static_cast<int64_t>(owner.nbytes()));
   void* data = const_cast<void*>(owner.data());
   b->owner = std::move(owner);
   return c10::DataPtr(data, b, &free_block, c10::Device(kNeuron, index));

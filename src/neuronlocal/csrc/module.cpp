@@ -4,7 +4,8 @@
 #include <torch/extension.h>
 
 namespace neuron {
-std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args);
+std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args,
+                                                  bool reuse);
 std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index,
                                    const std::vector<bool>& to_neuron);
 }  // namespace neuron
@@ -17,6 +18,7 @@ void init(int device_count, const std::vector<int64_t>& budgets, const std::stri
   neuron::set_budgets(budgets);
   neuron::set_oom_hint(hint);
   neuron::register_kernels();
+  neuron::install_host_allocator();
 }
 
 }  // namespace
@@ -35,6 +37,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_empty_cache", [](int i) { neuron::empty_cache(static_cast<c10::DeviceIndex>(i)); });
   m.def("_memory_timeline", [](int i) { return neuron::memory_timeline(static_cast<c10::DeviceIndex>(i)); });
   m.def("_set_timeline", &neuron::set_timeline);
+  m.def("_set_host_core", [](int i) {
+    return static_cast<int>(neuron::set_host_core(static_cast<c10::DeviceIndex>(i)));
+  }, "count this thread's host allocations against core i (-1: off); returns the previous");
   m.def("_cpu_alias", &neuron::cpu_alias, "zero-copy CPU view of a neuron tensor's bytes");
   m.def("_set_policy", &neuron::set_policy);
   m.def("_set_cpu_fallback_ops", &neuron::set_cpu_fallback_ops);
@@ -43,7 +48,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_ops", &neuron::fallback_ops);
   m.def("_downcast_ops", &neuron::downcast_ops);
   m.def("_clear_op_tracking", &neuron::clear_op_tracking);
-  m.def("_bridge_in", &neuron::bridge_in, "neuron tensors -> CPU aliases (and the core index)");
+  m.def("_bridge_in", &neuron::bridge_in, "neuron tensors -> CPU aliases (and the core index)",
+        py::arg("args"), py::arg("reuse") = false);
   m.def("_bridge_out", &neuron::bridge_out, "CPU results -> neuron tensors on a core",
         py::arg("outs"), py::arg("index"), py::arg("to_neuron") = std::vector<bool>{});
 }

@@ -43,6 +43,10 @@ std::map<std::string, int64_t> memory_stats(c10::DeviceIndex index);
 void reset_peak(c10::DeviceIndex index);
 void reset_accumulated(c10::DeviceIndex index);
 void empty_cache(c10::DeviceIndex index);
+// Counts host allocations of this thread against core `index` (-1: off); returns the previous
+// core. install_host_allocator() puts the counting wrapper in front of the CPU allocator.
+void install_host_allocator();
+c10::DeviceIndex set_host_core(c10::DeviceIndex index);
 // Live bytes on a core over time, for the report: (seconds since start, bytes) samples.
 std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index);
 void set_timeline(bool on);
@@ -50,6 +54,8 @@ void set_timeline(bool on);
 // ---- dispatch.cpp ----------------------------------------------------------
 // A CPU tensor over the bytes of a neuron tensor (no copy, keeps them alive).
 at::Tensor cpu_alias(const at::Tensor& t);
+// The neuron storage a CPU storage made by cpu_alias() stands for, or nullptr.
+c10::StorageImpl* alias_source(const c10::Storage& cpu);
 void register_kernels();
 void set_policy(bool downcast_64bit, bool strict);
 void set_cpu_fallback_ops(const std::vector<std::string>& names);

@@ -322,7 +322,9 @@ struct IndexGuard {
   explicit IndexGuard(std::optional<c10::Device> d) : old(current_device()) {
     if (d && d->has_index()) set_current_device(d->index());
   }
-  ~IndexGuard() { set_current_device(old); }
+  ~IndexGuard() {  // never throws: restores only what the constructor changed
+    if (current_device() != old) set_current_device(old);
+  }
 };
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,

@@ -1,7 +1,7 @@
 // HBM accounting: an emulated caching segment allocator per logical NeuronCore.
 //
 // Bytes live in host memory, but every neuron allocation is counted against its core's
-// HBM budget the way TorchNeuron's allocator would count it (spec 2.6): requests are
+// HBM budget the way TorchNeuron's allocator would count it: requests are
 // rounded to size classes, carved from cached segments (2 MiB small pool, 20 MiB or exact
 // large pool), freed blocks stay reserved until empty_cache(), and a request that does not
 // fit after flushing the cache raises torch.OutOfMemoryError. So a model that would not
@@ -9,6 +9,7 @@
 #include "neuron.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -58,6 +59,11 @@ std::string& oom_hint() {
   static auto* s = new std::string();
   return *s;
 }
+std::string& unavailable_reason() {
+  static auto* s = new std::string();
+  return *s;
+}
+std::atomic<bool> g_unavailable{false};
 bool g_timeline = false;
 const auto g_start = std::chrono::steady_clock::now();
 
@@ -97,6 +103,7 @@ std::string fmt_bytes(int64_t n) {
 }
 
 Core& core(c10::DeviceIndex index) {
+  check_available();
   auto& cs = cores();
   TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < cs.size(), "Invalid device: neuron:",
               static_cast<int>(index), " has no HBM budget (", cs.size(), " cores configured)");
@@ -190,6 +197,7 @@ void free_block(void* ctx) {
 
 struct NeuronAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
+    if (g_unavailable.load(std::memory_order_relaxed)) check_available();
     auto index = current_device();
     c10::Device dev(kNeuron, index);
     if (n == 0) return c10::DataPtr(nullptr, dev);
@@ -224,6 +232,15 @@ void set_budgets(const std::vector<int64_t>& bytes_per_core) {
 }
 
 void set_oom_hint(const std::string& hint) { oom_hint() = hint; }
+
+void set_unavailable(const std::string& reason) {
+  unavailable_reason() = reason;
+  g_unavailable = !reason.empty();
+}
+
+void check_available() {
+  TORCH_CHECK(!g_unavailable.load(std::memory_order_relaxed), unavailable_reason());
+}
 
 c10::DataPtr adopt_data(c10::Storage owner, c10::DeviceIndex index) {
   Block* b = account(index, static_cast<int64_t>(owner.nbytes()));

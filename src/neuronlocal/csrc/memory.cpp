@@ -149,9 +149,21 @@ Block* account(c10::DeviceIndex index, int64_t nbytes) {
          << fmt_bytes(nbytes) << " on logical NeuronCore " << static_cast<int>(index) << " ("
          << oom_hint() << "), which has " << fmt_bytes(c.budget) << " of HBM; "
          << fmt_bytes(c.allocated_bytes[0].current) << " is already allocated by tensors and "
-         << fmt_bytes(c.reserved_bytes[0].current) << " reserved. Free tensors you no longer "
-         << "need (then torch.neuron.empty_cache()), lower the batch size or sequence length, "
-         << "or shard the model over more cores (FSDP / tensor parallel).";
+         << fmt_bytes(c.reserved_bytes[0].current) << " reserved.";
+      if (seg > nbytes) {
+        os << " The request needs a new " << fmt_bytes(seg) << " segment: as in TorchNeuron's "
+           << "caching allocator, it is rounded up to a " << fmt_bytes(size) << " block and "
+           << "carved from a segment of 2 MiB (requests under 1 MiB), 20 MiB (under 10 MiB) "
+           << "or its size rounded up to 2 MiB.";
+      }
+      if (size <= c.budget && seg > c.budget) {
+        os << " One segment is larger than this core's HBM: set NEURONLOCAL_HBM_PER_CORE to "
+           << "at least " << fmt_bytes(seg) << ".";
+      } else {
+        os << " Free tensors you no longer need (then torch.neuron.empty_cache()), lower the "
+           << "batch size or sequence length, or shard the model over more cores (FSDP / "
+           << "tensor parallel).";
+      }
       lock.unlock();
       delete b;
       TORCH_CHECK_WITH(OutOfMemoryError, false, os.str());

@@ -19,8 +19,6 @@ import torch
 import neuronlocal
 import neuronlocal.eager
 import torch_neuronx
-from neuronlocal import hardware
-from neuronlocal.config import Config, ConfigError
 
 SAME_DEVICE = "Expected all tensors to be on the same device, but found at least two devices"
 
@@ -659,37 +657,63 @@ def test_strict_env_in_subprocess(fresh_python):
     assert out["f32"] == 12.0 and out["f64_copy"] == [1.0, 1.0] and out["dropout"] == 8
 
 
-# ---- bad configuration --------------------------------------------------------------------------
+# ---- Trainium rules: int64 range, sparse and quantized tensors -------------------------------
 
 
-@pytest.mark.parametrize(("var", "raw", "message"), [
-    ("NEURONLOCAL_INSTANCE", "trn9.huge", "NEURONLOCAL_INSTANCE='trn9.huge' is unknown; choose "
-                                          "one of trn2.3xlarge"),
-    ("NEURON_LOGICAL_NC_CONFIG", "4", "NEURON_LOGICAL_NC_CONFIG='4' is not supported; Trainium "
-                                      "supports 1 or 2"),
-    ("NEURON_RT_VISIBLE_CORES", "0-9", "NEURON_RT_VISIBLE_CORES='0-9' names core(s) [4, 5, 6, 7, "
-                                       "8, 9], but the emulated instance has 4 logical cores"),
-    ("NEURON_RT_VISIBLE_CORES", "x", "'x' is not a core id or range; use e.g. '0-3'"),
-    ("NEURONLOCAL_STRICT", "maybe", "NEURONLOCAL_STRICT='maybe' is not a boolean; use 1 or 0."),
-    ("NEURONLOCAL_DOWNCAST_64BIT", "2", "NEURONLOCAL_DOWNCAST_64BIT='2' is not a boolean"),
-    ("TORCH_NEURONX_LOG_LEVEL", "loud", "TORCH_NEURONX_LOG_LEVEL='loud' is not a number (0-3)"),
-    ("NEURONLOCAL_HBM_PER_CORE", "lots", "NEURONLOCAL_HBM_PER_CORE='lots' is not a size; use e.g."),
-])
-def test_invalid_env_names_problem_and_fix(monkeypatch, var, raw, message):
-    for name in ("NEURONLOCAL_INSTANCE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES",
-                 "NEURONLOCAL_STRICT", "NEURONLOCAL_DOWNCAST_64BIT", "TORCH_NEURONX_LOG_LEVEL",
-                 "NEURONLOCAL_HBM_PER_CORE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(var, raw)
-    with pytest.raises(ConfigError) as info:
-        hardware.profile(Config.from_env())
-    assert message in str(info.value)
+def test_int64_outside_int32_warns_once_per_op(policy):
+    policy(downcast_64bit=True)
+    small = torch.tensor([1, 2**31 - 1, -(2**31)], device="neuron")
+    big = torch.tensor([2**40, 1], device="neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # values that fit: no warning
+        assert (small * 1).tolist() == [1, 2**31 - 1, -(2**31)]
+    with pytest.warns(UserWarning, match=r"aten::sub.Tensor: the int64 value 1099511627776 does "
+                                         r"not fit in int32.*NEURONLOCAL_DOWNCAST_64BIT=0"):
+        wrapped = big - 1
+    assert wrapped.tolist() != [2**40 - 1, 0]  # computed as int32, as on Trainium
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per op
+        big - 1
+    strided = torch.tensor([[1, -(2**35)], [3, 4]], device="neuron").t()  # not contiguous
+    with pytest.warns(UserWarning, match=r"aten::add.Tensor: the int64 value -34359738368"):
+        strided + 1
+    with pytest.warns(UserWarning, match=r"aten::mul.Tensor: the int64 value 8589934592"):
+        small * 2**33  # a Python int operand outside int32
+    policy(downcast_64bit=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (big - 1).tolist() == [2**40 - 1, 0]
 
 
-def test_invalid_env_fails_import_with_the_message(fresh_python):
-    r = fresh_python("import torch", env={"NEURONLOCAL_INSTANCE": "trn9.huge"})
-    assert r.returncode != 0
-    assert "ConfigError: NEURONLOCAL_INSTANCE='trn9.huge' is unknown; choose one of" in r.stderr
+UNSUPPORTED = "not supported on neuron, as on Trainium"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.sparse_coo_tensor([[0, 1], [1, 0]], [1.0, 2.0], (2, 2), device="neuron"),
+    lambda: torch.empty(2, 2, layout=torch.sparse_coo, device="neuron"),
+    lambda: torch.zeros(2, 2, layout=torch.sparse_coo, device="neuron"),
+    lambda: torch.sparse_csr_tensor([0, 1, 2], [0, 1], [1.0, 2.0], (2, 2), device="neuron"),
+    lambda: torch.eye(2).to_sparse().to("neuron"),
+    lambda: torch.eye(2).to_sparse_csr().to("neuron"),
+    lambda: torch.eye(2, device="neuron").to_sparse(),
+    lambda: torch.eye(2, device="neuron").to_sparse_csr(),
+], ids=["coo_ctor", "empty", "zeros", "csr_ctor", "coo_to", "csr_to", "to_sparse", "to_csr"])
+def test_sparse_is_not_supported_as_on_trainium(make):
+    with pytest.raises(NotImplementedError, match=rf"sparse tensors are {UNSUPPORTED}.*"
+                                                  r"to_dense\(\)"):
+        make()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.quantize_per_tensor(torch.ones(2, device="neuron"), 0.1, 0, torch.qint8),
+    lambda: torch._empty_affine_quantized([2], device="neuron", dtype=torch.qint8),
+    lambda: torch.empty(2, dtype=torch.qint8, device="neuron"),
+    lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8).to("neuron"),
+], ids=["quantize", "empty_affine", "empty", "to"])
+def test_quantized_is_not_supported_as_on_trainium(make):
+    with pytest.raises(NotImplementedError, match=rf"quantized tensors are {UNSUPPORTED}.*"
+                                                  r"dequantize\(\)"):
+        make()
 
 
 def test_histc_accepts_integers_like_device_kernels():

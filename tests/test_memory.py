@@ -307,11 +307,29 @@ def test_oom_with_small_hbm_in_subprocess(fresh_python):
     assert out["sum"] == 20
 
 
-@pytest.mark.parametrize("raw", ["lots", "0"])
-def test_invalid_hbm_env_names_variable_and_fix(fresh_python, raw):
-    r = fresh_python("import torch", env={"NEURONLOCAL_HBM_PER_CORE": raw})
-    assert r.returncode != 0
-    assert f"NEURONLOCAL_HBM_PER_CORE={raw!r} is not a size; use e.g. 24GiB" in r.stderr
+SEGMENT_SCRIPT = """
+import json, torch
+out = {}
+for n in (2**20, 2**19):  # a 1 MiB request takes a 20 MiB segment; 512 KiB a 2 MiB one
+    try:
+        torch.empty(n, dtype=torch.uint8, device="neuron")
+        out[n] = None
+    except torch.OutOfMemoryError as e:
+        out[n] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_oom_from_segment_rounding_says_so(fresh_python):
+    r = fresh_python(SEGMENT_SCRIPT, env={"NEURONLOCAL_HBM_PER_CORE": "10MiB"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    msg = out[str(2**20)]
+    assert msg.startswith("neuron:0 out of memory: tried to allocate 1.00 MiB")
+    assert "which has 10.00 MiB of HBM" in msg
+    assert "needs a new 20.00 MiB segment" in msg and "rounded up to a 1.00 MiB block" in msg
+    assert "set NEURONLOCAL_HBM_PER_CORE to at least 20.00 MiB" in msg
+    assert out[str(2**19)] is None  # a 2 MiB segment fits in 10 MiB
 
 
 @pytest.mark.parametrize("raw", ["-1GiB", "12XB", "1.5.GiB", "GiB"])

@@ -214,3 +214,159 @@ def test_html_charts_are_inline_svg():
     svg = render.line_chart([("neuron:0", [[0.1, 100], [0.2, 50]])], "t", limit=200)
     assert svg.startswith("<svg") and "HBM" in svg
     assert render.bar_chart([("g", 1.0, "#000")], "b").count("<rect") == 1
+
+
+# ---- every way a script can end: exit status, message, and a report ---------------------------
+
+NEURON_WORK = "import torch\ny = (torch.ones(4, device='neuron') * 2).sum()\n"
+
+
+def _report(out: Path) -> dict:
+    rep = json.loads((out / "report.json").read_text())
+    assert (out / "report.html").exists()
+    return rep["ranks"][0]
+
+
+def test_bare_assert_still_writes_report_and_summary(tmp_path):
+    path = script(tmp_path, "bare.py", NEURON_WORK + "assert y.item() == 0\n")
+    proc, out = run_cli(tmp_path, [str(path)])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "AssertionError" in proc.stderr and "neuronlocal run report" in proc.stderr
+    r = _report(out)
+    assert r["run"]["error"]["type"] == "AssertionError" and r["run"]["error"]["message"] == ""
+    assert r["run"]["ended_by"] == "exception"
+    assert "the script raised AssertionError" in (out / "report.html").read_text()
+
+
+def test_keyboard_interrupt_exits_130_with_report(tmp_path):
+    path = script(tmp_path, "kbd.py", NEURON_WORK + "raise KeyboardInterrupt\n")
+    proc, out = run_cli(tmp_path, [str(path)])
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    r = _report(out)
+    assert r["run"]["exit_code"] == 130 and r["run"]["ended_by"] == "KeyboardInterrupt"
+
+
+def test_sigint_to_run_is_forwarded_and_exits_130(tmp_path):
+    """SIGINT sent to `neuronlocal run` (not from a terminal) reaches the script."""
+    import signal
+    import time
+
+    ready = tmp_path / "ready"
+    path = script(tmp_path, "wait.py", NEURON_WORK + f"""\
+import pathlib, time
+pathlib.Path({str(ready)!r}).write_text("1")
+time.sleep(120)
+""")
+    out = tmp_path / "report"
+    proc = subprocess.Popen([sys.executable, "-m", "neuronlocal", "run", "--report", str(out),
+                             str(path)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, start_new_session=True)
+    deadline = time.time() + 120
+    while not ready.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "timeout"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    r = _report(out)
+    assert r["run"]["ended_by"] == "KeyboardInterrupt"
+    assert any(k.startswith("aten::mul") for k in r["eager_ops"])
+
+
+def test_sys_exit_with_message_prints_it_and_exits_1(tmp_path):
+    path = script(tmp_path, "msg.py", NEURON_WORK + "import sys\nsys.exit('bad config: x')\n")
+    proc, out = run_cli(tmp_path, [str(path)])
+    assert proc.returncode == 1
+    assert "bad config: x" in proc.stderr.splitlines()
+    r = _report(out)
+    assert r["run"]["error"] == {"type": "SystemExit", "message": "bad config: x",
+                                 "traceback": ""}
+
+
+def test_unwritable_report_dir_fails_before_the_script_runs(tmp_path):
+    marker = tmp_path / "ran"
+    path = script(tmp_path, "side.py", f"open({str(marker)!r}, 'w').write('1')\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--report",
+                           str(blocker / "report"), str(path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("neuronlocal run: cannot write the report to ")
+    assert len(proc.stderr.strip().splitlines()) == 1 and not marker.exists()
+
+
+def test_os_exit_writes_the_full_report(tmp_path):
+    path = script(tmp_path, "oexit.py", NEURON_WORK + "import os\nos._exit(3)\n")
+    proc, out = run_cli(tmp_path, [str(path)])
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    r = _report(out)
+    assert r["run"]["exit_code"] == 3 and r["run"]["ended_by"] == "os._exit"
+    assert any(k.startswith("aten::mul") for k in r["eager_ops"])
+    assert not list(out.glob(".state-*"))
+
+
+def test_forked_children_ending_do_not_end_the_report(tmp_path):
+    path = script(tmp_path, "forks.py", NEURON_WORK + """\
+import os, sys
+for how in ("os._exit", "sys.exit"):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7) if how == "os._exit" else sys.exit(5)
+    os.waitpid(pid, 0)
+""")
+    proc, out = run_cli(tmp_path, [str(path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _report(out)["run"]["ended_by"] == "return"
+
+
+def test_segfault_leaves_the_last_snapshot_as_report(tmp_path):
+    from neuronlocal.report.child import SNAPSHOT_SECONDS
+
+    path = script(tmp_path, "crash.py", NEURON_WORK + f"""\
+import ctypes, time
+time.sleep({SNAPSHOT_SECONDS + 2})
+ctypes.string_at(0)
+""")
+    proc, out = run_cli(tmp_path, [str(path)])
+    assert proc.returncode == 128 + 11, proc.stderr[-2000:]
+    r = _report(out)
+    assert r["run"]["exit_code"] == 139 and r["run"]["ended_by"] == "killed by SIGSEGV"
+    assert "killed by SIGSEGV" in r["run"]["error"]["message"]
+    assert any(k.startswith("aten::mul") for k in r["eager_ops"])
+    assert "killed by SIGSEGV" in (out / "report.html").read_text()
+    assert not list(out.glob(".state-*"))
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["missing.py"], 2, "neuronlocal run: can't open file '{tmp}/missing.py': [Errno 2] No such "
+                        "file or directory"),
+    (["-m", "no_such_module_xyz"], 1, "neuronlocal run: No module named no_such_module_xyz"),
+])
+def test_missing_target_is_one_line_and_no_report(tmp_path, args, code, message):
+    proc, out = run_cli(tmp_path, args)
+    assert proc.returncode == code
+    assert proc.stderr.strip() == message.format(tmp=tmp_path)
+    assert not out.exists()
+
+
+def test_report_folder_must_be_private_and_files_are_never_followed(tmp_path):
+    path = script(tmp_path, "ok.py", NEURON_WORK)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--report", str(shared),
+                           str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "writable by everyone" in proc.stderr
+    assert list(shared.iterdir()) == []
+    # A planted symlink is replaced, not written through; the files are the user's only.
+    out = tmp_path / "report"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (out / "report.html").symlink_to(victim)
+    proc, out = run_cli(tmp_path, [str(path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert victim.read_text() == "keep me"
+    assert not (out / "report.html").is_symlink()
+    assert all((p.stat().st_mode & 0o077) == 0 for p in out.iterdir())

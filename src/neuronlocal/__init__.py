@@ -3,7 +3,9 @@
 `import torch` is enough: the `torch.backends` entry point calls `_autoload`, which
 imports this package. Importing it registers everything, once, in this order:
 
-1. read the configuration and the emulated instance profile (config, hardware);
+1. read the configuration and the emulated instance profile (config, hardware); a bad
+   environment variable never makes this fail: it is kept in `config_error`, the device
+   is registered with no visible core, and its first use raises that one-line error;
 2. rename PrivateUse1 to `neuron`;
 3. start the C++ core: device guard, hooks, HBM allocator, eager kernels (neuronlocal._C);
 4. eager policy: CPU-fallback op list, 64-bit policy, direct kernels (eager);
@@ -19,20 +21,24 @@ from __future__ import annotations
 import torch
 
 from neuronlocal import hardware
-from neuronlocal.config import Config
+from neuronlocal.config import Config, ConfigError
 
-config: Config = Config.from_env()
+config: Config
+profile: hardware.Profile
+config_error: ConfigError | None
+config, profile, config_error = hardware.load()
 
 from neuronlocal.report import logs as _logs  # noqa: E402
 
 _logs.configure(config.log_level)  # TORCH_NEURONX_LOG_LEVEL
-profile: hardware.Profile = hardware.profile(config)
 
 torch.utils.rename_privateuse1_backend("neuron")
 
 from neuronlocal import _C  # noqa: E402  (needs the rename above)
 
 _C._init(profile.device_count, [profile.hbm_per_core] * profile.device_count, profile.describe())
+if config_error is not None:
+    _C._set_unavailable(f"neuron device unavailable: {config_error}")
 
 from neuronlocal import device, eager  # noqa: E402
 from neuronlocal.eager.tracking import (  # noqa: E402
@@ -44,11 +50,13 @@ from neuronlocal.eager.tracking import (  # noqa: E402
 
 eager.register(config)
 device._profile = profile
+device._config_error = config_error
 torch._register_device_module("neuron", device)
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
 )
-device.init()
+if config_error is None:
+    device.init()
 
 from neuronlocal import distributed, hf  # noqa: E402
 from neuronlocal.compile import inductor as _inductor  # noqa: E402
@@ -59,6 +67,6 @@ hf.register()
 
 __version__ = "0.1.0"
 __all__ = [
-    "clear_op_tracking", "config", "device", "get_downcast_ops", "get_executed_ops",
+    "clear_op_tracking", "config", "config_error", "device", "get_downcast_ops", "get_executed_ops",
     "get_fallback_ops", "profile",
 ]

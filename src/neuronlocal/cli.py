@@ -8,7 +8,7 @@ import sys
 import torch
 
 import neuronlocal
-from neuronlocal import config as config_mod
+from neuronlocal.config import env_table_markdown, set_variables
 from neuronlocal.eager import ops as ops_mod
 
 
@@ -16,9 +16,20 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def _unavailable() -> int:
+    """Prints why the device is unavailable (a bad environment variable); 1 if it is."""
+    if neuronlocal.config_error is None:
+        return 0
+    print(f"neuronlocal: neuron device unavailable: {neuronlocal.config_error} "
+          "(`neuronlocal env` lists the variables and their accepted values)", file=sys.stderr)
+    return 1
+
+
 def cmd_info(_: argparse.Namespace) -> int:
     p = neuronlocal.profile
     print(f"neuronlocal {neuronlocal.__version__} on torch {torch.__version__}")
+    if _unavailable():
+        return 1
     print(f"instance        {p.instance} ({p.chips} x {p.chip.name}, "
           f"{p.chip.physical_cores} physical cores and {_gib(p.chip.hbm_bytes)} HBM per chip)")
     print(f"LNC             {p.lnc} -> {p.cores_per_chip} logical cores per chip, "
@@ -33,7 +44,8 @@ def cmd_info(_: argparse.Namespace) -> int:
 def cmd_demo(_: argparse.Namespace) -> int:
     from neuronlocal import demo
 
-    cmd_info(_)
+    if cmd_info(_):
+        return 1
     r = demo.run()
     print("\ndemo: tiny transformer LM, forward + backward, neuron vs CPU")
     print(f"  loss            cpu {r.loss_cpu:.6f}   neuron {r.loss_neuron:.6f}")
@@ -82,8 +94,15 @@ def cmd_support(args: argparse.Namespace) -> int:
 
 
 def cmd_env(_: argparse.Namespace) -> int:
-    print(config_mod.env_table_markdown())
-    return 0
+    print(env_table_markdown())
+    current = set_variables()
+    problems = neuronlocal.config_error.problems if neuronlocal.config_error else []
+    if current:
+        print("\nSet in this environment:")
+    for name, raw in current:
+        bad = [p for p in problems if p.startswith(f"{name}=")]
+        print(f"  {name}={raw}" + (f"   <- error: {bad[0]}" if bad else ""))
+    return _unavailable()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -137,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     estimate_arguments(p_est)
     p_est.set_defaults(func=cmd_estimate)
     args = parser.parse_args(argv)
+    if args.command in ("check", "support") and _unavailable():
+        return 1
     return int(args.func(args))
 
 

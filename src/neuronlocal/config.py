@@ -3,11 +3,18 @@
 Every environment variable neuronlocal reads is listed in `ENV_VARS`; the table in
 README.md and docs/env-vars.md is generated from it (`neuronlocal env`), so code and docs
 cannot drift apart. TorchNeuron's own names are used wherever TorchNeuron has one.
+
+A bad value never breaks `import torch`: `Config.parse_env` collects one message per bad
+variable (name, value, accepted values) and the package then registers the `neuron`
+device as unavailable, raising that message when the device is first used. Booleans,
+sizes and numbers are parsed here only (`env_flag`, `parse_bytes`, `env_seconds`), so a
+value means the same everywhere it is read.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -16,21 +23,30 @@ class EnvVar:
     name: str
     default: str
     meaning: str
+    # How the value is checked: flag, size, level, seconds, choice (of `choices`), instance
+    # and cores (checked against the instance profile in hardware.py), or text (any value).
+    kind: str = "text"
+    choices: tuple[str, ...] = ()
 
 
 ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NEURONLOCAL_INSTANCE", "trn2.3xlarge",
-           "Emulated instance: trn2.3xlarge, trn2.48xlarge, trn3.3xlarge, trn3.48xlarge."),
+           "Emulated instance: trn2.3xlarge, trn2.48xlarge, trn3.3xlarge, trn3.48xlarge.",
+           "instance"),
     EnvVar("NEURON_LOGICAL_NC_CONFIG", "instance default (2)",
-           "Logical NeuronCore config (LNC): 2 pairs physical cores, 1 exposes each."),
+           "Logical NeuronCore config (LNC): 2 pairs physical cores, 1 exposes each.",
+           "choice", ("1", "2")),
     EnvVar("NEURON_RT_VISIBLE_CORES", "all",
-           "Logical cores this process sees, e.g. `0-3`, `2`, `0,2`; device i is the i-th."),
+           "Logical cores this process sees, e.g. `0-3`, `2`, `0,2`; device i is the i-th.",
+           "cores"),
     EnvVar("NEURONLOCAL_HBM_PER_CORE", "instance value",
-           "Override HBM per logical core, e.g. `2GiB`, `512MiB` (to test OOM handling)."),
+           "Override HBM per logical core, e.g. `2GiB`, `512MiB` (to test OOM handling).",
+           "size"),
     EnvVar("NEURONLOCAL_DOWNCAST_64BIT", "1",
-           "Compute float64/int64 as 32-bit and cast back, as Trainium does. 0 keeps 64 bits."),
+           "Compute float64/int64 as 32-bit and cast back, as Trainium does. 0 keeps 64 bits.",
+           "flag"),
     EnvVar("NEURONLOCAL_STRICT", "0",
-           "1 turns CPU-fallback ops and float64 compute into errors (for CI)."),
+           "1 turns CPU-fallback ops and float64 compute into errors (for CI).", "flag"),
     EnvVar("TORCH_NEURONX_NEFF_CACHE_DIR", "$TMPDIR/neff_cache_<user>",
            "Persistent compile cache (Inductor artifacts + verified entries). Must be owned "
            "by you and not writable by others; a read-only cache still serves hits."),
@@ -38,54 +54,66 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Lock files that serialise concurrent compiles of one graph (private, like the "
            "cache)."),
     EnvVar("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "600",
-           "Seconds to wait for another process compiling the same graph."),
+           "Seconds to wait for another process compiling the same graph.", "seconds"),
     EnvVar("TORCH_NEURONX_DISABLE_NEFF_CACHE", "0",
-           "1 turns the compile cache off (both tiers); nothing is written to its directory."),
+           "1 turns the compile cache off (both tiers); nothing is written to its directory.",
+           "flag"),
     EnvVar("TORCH_NEURONX_NEFF_DISABLE_CACHE", "0",
-           "Alternative spelling of TORCH_NEURONX_DISABLE_NEFF_CACHE."),
+           "Alternative spelling of TORCH_NEURONX_DISABLE_NEFF_CACHE.", "flag"),
     EnvVar("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1",
-           "A graph that fails to compile raises; 0 runs it eagerly with a warning."),
+           "A graph that fails to compile raises; 0 runs it eagerly with a warning.", "flag"),
     EnvVar("TORCH_NEURONX_RETAIN_DEVICE_MODE", "0",
-           "1 keeps outputs of compiled graphs fed only CPU tensors on the CPU."),
+           "1 keeps outputs of compiled graphs fed only CPU tensors on the CPU.", "flag"),
     EnvVar("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "0",
-           "1 makes CPU tensors passed to a compiled graph an error instead of a copy."),
+           "1 makes CPU tensors passed to a compiled graph an error instead of a copy.", "flag"),
     EnvVar("NEURONLOCAL_DIST_CHECKS", "0",
-           "1 checks shapes/dtypes of every collective across ranks (clear error; slower)."),
-    EnvVar("TORCH_NEURONX_LOG_LEVEL", "0", "3 prints debug logs of the backend."),
+           "1 checks shapes/dtypes of every collective across ranks (clear error; slower).",
+           "flag"),
+    EnvVar("TORCH_NEURONX_LOG_LEVEL", "0", "3 prints debug logs of the backend.", "level"),
     EnvVar("NEURON_LAUNCH_BLOCKING", "1",
-           "Accepted for compatibility; execution on the host is always synchronous."),
+           "Accepted for compatibility; execution on the host is always synchronous.", "flag"),
     EnvVar("TORCH_DEVICE_BACKEND_AUTOLOAD", "1",
            "PyTorch's switch: 0 stops `import torch` from loading neuronlocal."),
 )
 
+_BY_NAME = {v.name: v for v in ENV_VARS}
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
           "gb": 10**9, "k": 2**10, "m": 2**20, "g": 2**30}
+MAX_LOG_LEVEL = 3
 
 
-class ConfigError(ValueError):
-    """A neuronlocal environment variable has a value it cannot use."""
+class ConfigError(ValueError, RuntimeError):
+    """A neuronlocal environment variable has a value it cannot use.
+
+    Also a RuntimeError: that is what TorchNeuron raises when no device can be used, and
+    what probing code (transformers, accelerate) catches around `torch.neuron.device_count()`.
+    `problems` holds one message per bad variable (the message joins them).
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
-def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None:
+def parse_flag(name: str, raw: str | None, default: bool) -> bool:
+    """The one boolean rule: 1/true/yes/on or 0/false/no/off (any case); unset or empty
+    means the default; anything else is a ConfigError naming the variable."""
+    value = (raw or "").strip().lower()
+    if not value:
         return default
-    value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0.")
-
-
-_TABLE = {v.name: v for v in ENV_VARS}
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0 (true/false, yes/no and "
+                      "on/off are accepted too).")
 
 
 def _known(name: str) -> EnvVar:
     try:
-        return _TABLE[name]
+        return _BY_NAME[name]
     except KeyError:
         raise KeyError(f"{name} is not in neuronlocal.config.ENV_VARS; add it there.") from None
 
@@ -97,20 +125,11 @@ def env_str(name: str) -> str | None:
     return raw.strip() if raw is not None and raw.strip() else None
 
 
-def env_flag(name: str) -> bool:
-    """A listed boolean variable: 1/true/yes/on or 0/false/no/off; anything else is an error."""
-    var = _known(name)
-    return _flag(name, var.default.strip().lower() in _TRUE)
-
-
-def env_float(name: str) -> float:
-    """A listed numeric variable (its table default when unset)."""
-    var = _known(name)
-    raw = env_str(name)
-    try:
-        return float(raw if raw is not None else var.default)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number.") from None
+def env_flag(name: str, default: bool | None = None) -> bool:
+    """A boolean variable read now (for settings that may change while a program runs)."""
+    if default is None:
+        default = parse_flag(name, _known(name).default, False)
+    return parse_flag(name, os.environ.get(name), default)
 
 
 def parse_bytes(name: str, raw: str) -> int:
@@ -122,9 +141,47 @@ def parse_bytes(name: str, raw: str) -> int:
         value = float(digits)
     except ValueError:
         value = -1.0
-    if value <= 0 or unit not in _UNITS:
-        raise ConfigError(f"{name}={raw!r} is not a size; use e.g. 24GiB, 512MiB or a byte count.")
+    if not value > 0 or unit not in _UNITS or int(value * _UNITS[unit]) <= 0:
+        raise ConfigError(f"{name}={raw!r} is not a size; use a positive size such as 24GiB, "
+                          "512MiB or a byte count.")
     return int(value * _UNITS[unit])
+
+
+def parse_seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds; use e.g. 600 (0 or more).")
+    return value
+
+
+def env_seconds(name: str) -> float:
+    """A listed number of seconds (its table default when unset)."""
+    return parse_seconds(name, env_str(name) or _known(name).default)
+
+
+def parse_level(name: str, raw: str) -> int:
+    text = raw.strip()
+    if not text.isdigit():
+        raise ConfigError(f"{name}={raw!r} is not a log level; use 0 (off) to {MAX_LOG_LEVEL} "
+                          "(debug).")
+    return min(int(text), MAX_LOG_LEVEL)
+
+
+def _check(var: EnvVar, raw: str) -> None:
+    """Raises ConfigError when `raw` is not a value `var` accepts (kinds checked here)."""
+    if var.kind == "flag":
+        parse_flag(var.name, raw, False)
+    elif var.kind == "size":
+        parse_bytes(var.name, raw)
+    elif var.kind == "seconds":
+        parse_seconds(var.name, raw)
+    elif var.kind == "level":
+        parse_level(var.name, raw)
+    elif var.kind == "choice" and raw.strip() not in var.choices:
+        raise ConfigError(f"{var.name}={raw!r} is not supported; use {' or '.join(var.choices)}.")
 
 
 @dataclass(frozen=True)
@@ -139,28 +196,50 @@ class Config:
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls) -> Config:
-        env = os.environ
-        lnc_raw = env.get("NEURON_LOGICAL_NC_CONFIG")
-        lnc = None
-        if lnc_raw is not None and lnc_raw.strip():
-            if lnc_raw.strip() not in {"1", "2"}:
-                raise ConfigError(f"NEURON_LOGICAL_NC_CONFIG={lnc_raw!r} is not supported; "
-                                  "Trainium supports 1 or 2 (2 is the default).")
-            lnc = int(lnc_raw)
-        hbm_raw = env.get("NEURONLOCAL_HBM_PER_CORE")
-        level_raw = env.get("TORCH_NEURONX_LOG_LEVEL", "0").strip() or "0"
-        if not level_raw.isdigit():
-            raise ConfigError(f"TORCH_NEURONX_LOG_LEVEL={level_raw!r} is not a number (0-3).")
-        return cls(
-            instance=env.get("NEURONLOCAL_INSTANCE", "trn2.3xlarge").strip() or "trn2.3xlarge",
-            lnc=lnc,
-            visible_cores=(env.get("NEURON_RT_VISIBLE_CORES") or "").strip() or None,
-            hbm_per_core=parse_bytes("NEURONLOCAL_HBM_PER_CORE", hbm_raw) if hbm_raw else None,
-            downcast_64bit=_flag("NEURONLOCAL_DOWNCAST_64BIT", True),
-            strict=_flag("NEURONLOCAL_STRICT", False),
-            log_level=int(level_raw),
+    def parse_env(cls, env: Mapping[str, str] | None = None) -> tuple[Config, list[str]]:
+        """The config of `env` (default os.environ) and one message per bad variable; a bad
+        variable keeps its default, so the result is always usable for reporting."""
+        env = os.environ if env is None else env
+        problems: list[str] = []
+        good: dict[str, str] = {}
+        for var in ENV_VARS:
+            raw = env.get(var.name)
+            if raw is None or not raw.strip():
+                continue
+            try:
+                _check(var, raw)
+            except ConfigError as e:
+                problems.append(str(e))
+                continue
+            good[var.name] = raw.strip()
+        hbm = good.get("NEURONLOCAL_HBM_PER_CORE")
+        lnc = good.get("NEURON_LOGICAL_NC_CONFIG")
+        cfg = cls(
+            instance=good.get("NEURONLOCAL_INSTANCE", "trn2.3xlarge"),
+            lnc=int(lnc) if lnc else None,
+            visible_cores=good.get("NEURON_RT_VISIBLE_CORES"),
+            hbm_per_core=parse_bytes("NEURONLOCAL_HBM_PER_CORE", hbm) if hbm else None,
+            downcast_64bit=parse_flag("NEURONLOCAL_DOWNCAST_64BIT",
+                                      good.get("NEURONLOCAL_DOWNCAST_64BIT"), True),
+            strict=parse_flag("NEURONLOCAL_STRICT", good.get("NEURONLOCAL_STRICT"), False),
+            log_level=parse_level("TORCH_NEURONX_LOG_LEVEL",
+                                  good.get("TORCH_NEURONX_LOG_LEVEL", "0")),
         )
+        return cfg, problems
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        """Like `parse_env`, but a bad variable is a ConfigError (all problems in one line)."""
+        cfg, problems = cls.parse_env(env)
+        if problems:
+            raise ConfigError(" ".join(problems), problems)
+        return cfg
+
+
+def set_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(name, value) of every variable of ENV_VARS that is set, in table order."""
+    env = os.environ if env is None else env
+    return [(v.name, env[v.name]) for v in ENV_VARS if v.name in env]
 
 
 def env_table_markdown() -> str:

@@ -1,15 +1,23 @@
 """torch.neuron: the device module, mirroring torch.cuda and TorchNeuron (spec 1.2).
 
-Registered as `torch.neuron` by `neuronlocal.register()`. Device selection, streams and
+Registered as `torch.neuron` by `neuronlocal/__init__.py`. Device selection, streams and
 events go through the C++ device guard, so `torch.accelerator`, `torch.Stream` and
 autograd see the same current device. Random numbers come from one host (CPU) generator
 per logical core, as on Trainium, so a seed gives the same numbers as on CPU.
+
+With a bad environment variable the device is unavailable, as CUDA is with a broken driver:
+`is_available()` returns False (and warns once with the reason), seeding is a no-op (so
+`torch.manual_seed` keeps working on CPU), and every other use, `device_count()` included,
+raises the configuration error: a RuntimeError (also a ValueError) in one line naming the
+variable, its value and the accepted values. That is what TorchNeuron raises from
+`device_count()` without a device, and what transformers and accelerate catch when probing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +40,9 @@ __all__ = [
 
 _initialized = False
 _in_bad_fork = False
-_profile: Any = None  # hardware.Profile, set by neuronlocal.register()
+_profile: Any = None  # hardware.Profile, set by neuronlocal/__init__.py
+_config_error: Exception | None = None  # config.ConfigError, set by neuronlocal/__init__.py
+_warned_unavailable = False
 
 
 def _after_fork_in_child() -> None:
@@ -47,7 +57,20 @@ def _is_in_bad_fork() -> bool:
     return _in_bad_fork
 
 
+def check_available() -> None:
+    """Raises the configuration error that makes the device unavailable, if there is one."""
+    if _config_error is not None:
+        raise type(_config_error)(f"neuron device unavailable: {_config_error}") from None
+
+
 def is_available() -> bool:
+    """False when the configuration is bad (warned once, with the reason); never raises."""
+    global _warned_unavailable
+    if _config_error is not None:
+        if not _warned_unavailable:
+            _warned_unavailable = True
+            warnings.warn(f"neuron device unavailable: {_config_error}", stacklevel=2)
+        return False
     return device_count() > 0
 
 
@@ -58,6 +81,7 @@ def is_initialized() -> bool:
 def init() -> None:
     """Initialises the device runtime (idempotent). Fails in a forked child, as CUDA does."""
     global _initialized
+    check_available()
     if _in_bad_fork:
         raise RuntimeError("Cannot re-initialize neuron in a forked subprocess. To use neuron "
                            "with multiprocessing, use the 'spawn' start method.")
@@ -66,6 +90,7 @@ def init() -> None:
 
 def device_count() -> int:
     """Number of logical NeuronCores this process sees."""
+    check_available()
     return _C._device_count()
 
 
@@ -226,22 +251,31 @@ def default_generators_tuple() -> tuple[torch.Generator, ...]:
     return tuple(_C._default_generator(i) for i in range(device_count()))
 
 
+# Seeding an unavailable device does nothing (CUDA queues it until a device exists), so
+# torch.manual_seed, which seeds every registered device, keeps working on CPU.
+
+
 def manual_seed(seed: int) -> None:
     """Seeds the current core's generator."""
-    _generator().manual_seed(int(seed))
+    if _config_error is None:
+        _generator().manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
     """Seeds every core's generator (called by torch.manual_seed)."""
-    for g in default_generators_tuple():
-        g.manual_seed(int(seed))
+    if _config_error is None:
+        for g in default_generators_tuple():
+            g.manual_seed(int(seed))
 
 
 def seed() -> None:
-    _generator().seed()
+    if _config_error is None:
+        _generator().seed()
 
 
 def seed_all() -> None:
+    if _config_error is not None:
+        return
     s = _generator().seed()
     manual_seed_all(s)
 

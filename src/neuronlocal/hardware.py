@@ -12,6 +12,8 @@ The runtime refuses more than 128 visible cores per process (DeviceIndex is int8
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from neuronlocal.config import Config, ConfigError
@@ -89,14 +91,16 @@ def parse_visible(raw: str, total: int) -> tuple[int, ...]:
             else:
                 cores.append(int(part))
         except ValueError:
-            raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r}: {part!r} is not a core id or "
-                              "range; use e.g. '0-3', '2' or '0,2'.") from None
+            raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} is not a list of cores: {part!r} "
+                              "is not a core id or range; use e.g. '0-3', '2' or '0,2'.") from None
     bad = [c for c in cores if c < 0 or c >= total]
     if bad:
         raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} names core(s) {bad}, but the "
-                          f"emulated instance has {total} logical cores (0-{total - 1}).")
+                          f"emulated instance has {total} logical cores; use cores 0 to "
+                          f"{total - 1}, e.g. '0-{total - 1}'.")
     if len(set(cores)) != len(cores):
-        raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} lists a core twice.")
+        raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} lists a core twice; use each core "
+                          f"once, from 0 to {total - 1}.")
     return tuple(cores)
 
 
@@ -114,3 +118,22 @@ def profile(cfg: Config) -> Profile:
                           "NEURON_RT_VISIBLE_CORES (torchrun runs one process per core).")
     hbm = cfg.hbm_per_core or chip.hbm_bytes // (chip.physical_cores // lnc)
     return Profile(cfg.instance, chip, chips, lnc, visible, hbm)
+
+
+def load(env: Mapping[str, str] | None = None) -> tuple[Config, Profile, ConfigError | None]:
+    """Config and profile of the environment, never raising (`import torch` must not fail).
+
+    With bad variables the error names every one of them, and the profile is that of the
+    instance (or the default instance) with no visible core, so the device is unavailable.
+    """
+    cfg, problems = Config.parse_env(env)
+    try:
+        prof = profile(cfg)
+    except ConfigError as e:
+        problems.append(str(e))
+    if not problems:
+        return cfg, prof, None
+    known = cfg.instance if cfg.instance in INSTANCES else Config.instance
+    fallback = profile(dataclasses.replace(cfg, instance=known, visible_cores=None))
+    error = ConfigError(" ".join(problems), problems)
+    return cfg, dataclasses.replace(fallback, visible=()), error

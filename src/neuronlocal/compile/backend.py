@@ -33,6 +33,7 @@ from neuronlocal.compile import metrics
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
 from neuronlocal.config import env_flag
+from neuronlocal.device import check_available
 from neuronlocal.estimate import capture as estimate_capture
 
 log = logging.getLogger("neuronlocal.compile")
@@ -272,6 +273,7 @@ class _Specializer:
 def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
                    options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The Dynamo backend registered as "neuron" (entry point `torch_dynamo_backends`)."""
+    check_available()
     options = dict(options or {})
     if mode and mode != "default":
         _warn_once(f"mode:{mode}", f"torch.compile mode={mode!r} is not supported on neuron; "

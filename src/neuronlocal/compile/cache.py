@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuronlocal.config import env_flag, env_float, env_str
+from neuronlocal.config import env_flag, env_seconds, env_str
 
 ENTRY_SUFFIX = ".neff"
 FORMAT = 2
@@ -69,7 +69,7 @@ def disabled() -> bool:
 
 
 def lock_timeout() -> float:
-    return env_float("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT")
+    return env_seconds("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT")
 
 
 class CacheLockTimeout(TimeoutError):

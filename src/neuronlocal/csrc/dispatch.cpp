@@ -21,7 +21,9 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
+#include <sstream>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -44,6 +46,7 @@ struct OpInfo {
   std::vector<bool> write;    // per argument: mutated by the op
   std::atomic<int64_t> executed{0}, fallback{0}, downcast{0};
   std::atomic<bool> warned{false};
+  std::atomic<bool> wrap_warned{false};  // an int64 value outside int32 was seen
 };
 
 std::mutex g_info_mu;
@@ -131,6 +134,66 @@ std::string where(const c10::Device& d) {
   return d.type() == kNeuron ? "neuron:" + std::to_string(d.index()) : d.str();
 }
 
+// Sparse, quantized and other non-strided tensors: TorchNeuron has no kernels for them.
+[[noreturn]] void unsupported(const std::string& op, const std::string& kind) {
+  const bool quantized = kind == "quantized";
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": ", kind, " tensors are not supported on neuron, as "
+                              "on Trainium. Keep them on CPU, or ",
+                              quantized ? "dequantize() them" : "call .to_dense()",
+                              " before moving them to neuron.");
+}
+
+std::string layout_kind(c10::Layout layout) {
+  switch (layout) {
+    case c10::kSparse: case c10::kSparseCsr: case c10::kSparseCsc: case c10::kSparseBsr:
+    case c10::kSparseBsc:
+      return "sparse";
+    default: {
+      std::ostringstream os;
+      os << layout;
+      return os.str();
+    }
+  }
+}
+
+void unsupported_fallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  unsupported(op.schema().name(), "sparse");
+}
+
+void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  unsupported(op.schema().name(), "quantized");
+}
+
+// Under Trainium's 64-bit rule int64 is computed as int32; a value outside int32 changes.
+// Warns once per op (then stops checking): one branch-free pass over contiguous data.
+bool fits_int32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
+
+void warn_wrap(OpInfo& info, int64_t value) {
+  if (info.wrap_warned.exchange(true)) return;
+  TORCH_WARN(info.name, ": the int64 value ", value, " does not fit in int32, and Trainium "
+             "computes int64 as int32 (the 64-bit rule), so this result differs from CPU. Keep "
+             "int64 values within +-2**31, or set NEURONLOCAL_DOWNCAST_64BIT=0 to compute in "
+             "64 bits. Warned once per op.");
+}
+
+void check_int32_range(OpInfo& info, const at::Tensor& t) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  if (t.is_contiguous()) {
+    const int64_t* p = t.const_data_ptr<int64_t>();
+    uint64_t acc = 0;  // v fits iff v + 2**31 < 2**32 (unsigned)
+    for (int64_t i = 0; i < n; ++i) acc |= static_cast<uint64_t>(p[i]) + 0x80000000ULL;
+    if ((acc >> 32) == 0) return;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!fits_int32(p[i])) return warn_wrap(info, p[i]);
+    }
+    return;
+  }
+  auto [lo, hi] = at::aminmax(t);
+  const int64_t l = lo.item<int64_t>(), h = hi.item<int64_t>();
+  if (!fits_int32(l) || !fits_int32(h)) warn_wrap(info, fits_int32(l) ? h : l);
+}
+
 [[noreturn]] void mixed_devices(const OpInfo& info, const c10::Device& a, const c10::Device& b,
                                 const std::string& arg) {
   TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
@@ -182,6 +245,7 @@ struct Call {
         x.compute = x.alias.to(st == at::kDouble ? at::kFloat : at::kComplexFloat);
         downcast_f = true;
       } else if (st == at::kLong && info.pointwise) {
+        if (!info.wrap_warned.load(std::memory_order_relaxed)) check_int32_range(info, x.alias);
         x.compute = x.alias.to(at::kInt);
         downcast_i = true;
       }
@@ -224,8 +288,8 @@ struct Call {
       }
     }
     // Before any storage access: sparse and other layouts have no storage.
-    TORCH_CHECK(r.layout() == at::kStrided, "neuron supports strided tensors only; ", info.name,
-                " returned a ", r.layout(), " tensor. Run this op on CPU.");
+    if (r.layout() != at::kStrided) unsupported(info.name, layout_kind(r.layout()));
+    if (r.is_quantized()) unsupported(info.name, "quantized");
     auto* sti = r.storage().unsafeGetStorageImpl();
     for (auto& x : inputs) {
       if (x.alias.storage().unsafeGetStorageImpl() == sti) return make_neuron(x.neuron.storage(), r);
@@ -298,6 +362,18 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (call.index < 0) call.index = current_device();
   if (call.downcast_f || call.downcast_i) on_downcast(info, call.downcast_f);
+  if (call.downcast_i && !info.wrap_warned.load(std::memory_order_relaxed)) {
+    for (size_t i = 0; i < n; ++i) {  // Python ints: Scalars, or 0-dim CPU tensors
+      const auto& v = (*stack)[base + i];
+      if (v.isInt() && !fits_int32(v.toInt())) warn_wrap(info, v.toInt());
+      if (!v.isTensor()) continue;
+      const auto& t = v.toTensor();
+      if (t.defined() && t.dim() == 0 && t.device().is_cpu() && t.scalar_type() == at::kLong &&
+          !fits_int32(*t.const_data_ptr<int64_t>())) {
+        warn_wrap(info, *t.const_data_ptr<int64_t>());
+      }
+    }
+  }
   if (info.generator_arg >= 0 && (*stack)[base + info.generator_arg].isNone()) {
     (*stack)[base + info.generator_arg] = c10::IValue(default_generator(call.index));
   }
@@ -322,13 +398,16 @@ struct IndexGuard {
   explicit IndexGuard(std::optional<c10::Device> d) : old(current_device()) {
     if (d && d->has_index()) set_current_device(d->index());
   }
-  ~IndexGuard() { set_current_device(old); }
+  ~IndexGuard() {  // never throws: restores only what the constructor changed
+    if (current_device() != old) set_current_device(old);
+  }
 };
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> /*pin*/, std::optional<at::MemoryFormat> mf) {
-  TORCH_CHECK(!layout || *layout == at::kStrided, "neuron supports strided tensors only");
+  if (layout && *layout != at::kStrided) unsupported("aten::empty", layout_kind(*layout));
+  if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty", "quantized");
   IndexGuard g(device);
   return at::detail::empty_generic(size, allocator(),
                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -338,7 +417,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                          std::optional<at::Device> device, std::optional<bool> /*pin*/) {
-  TORCH_CHECK(!layout || *layout == at::kStrided, "neuron supports strided tensors only");
+  if (layout && *layout != at::kStrided) unsupported("aten::empty_strided", layout_kind(*layout));
+  if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty_strided", "quantized");
   IndexGuard g(device);
   return at::detail::empty_strided_generic(size, stride, allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -588,6 +668,32 @@ void register_kernels() {
                                              c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   fb->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
   direct_libs().push_back(std::move(fb));
+  // Sparse and quantized neuron tensors: one clear error instead of "no kernel for backend".
+  for (auto key : {c10::DispatchKey::SparsePrivateUse1, c10::DispatchKey::SparseCsrPrivateUse1,
+                   c10::DispatchKey::QuantizedPrivateUse1}) {
+    auto l = std::make_unique<torch::Library>(torch::Library::IMPL, "_", key, __FILE__, __LINE__);
+    l->fallback(key == c10::DispatchKey::QuantizedPrivateUse1
+                    ? torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>()
+                    : torch::CppFunction::makeFromBoxedFunction<&unsupported_fallback>());
+    direct_libs().push_back(std::move(l));
+  }
+  // Compressed sparse constructors are composite: they build the tensor without reaching
+  // a sparse kernel, so they are stopped at their own names (under both keys they reach).
+  for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::SparseCsrPrivateUse1}) {
+    auto l = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+    for (const char* name :
+         {"_sparse_compressed_tensor_unsafe", "_sparse_csr_tensor_unsafe",
+          "_sparse_csc_tensor_unsafe", "_sparse_bsr_tensor_unsafe", "_sparse_bsc_tensor_unsafe",
+          "sparse_compressed_tensor.comp_plain_value",
+          "sparse_compressed_tensor.comp_plain_value_size", "sparse_csr_tensor.crow_col_value",
+          "sparse_csr_tensor.crow_col_value_size", "sparse_csc_tensor.ccol_row_value",
+          "sparse_csc_tensor.ccol_row_value_size", "sparse_bsr_tensor.crow_col_value",
+          "sparse_bsr_tensor.crow_col_value_size", "sparse_bsc_tensor.ccol_row_value",
+          "sparse_bsc_tensor.ccol_row_value_size"}) {
+      l->impl(name, torch::CppFunction::makeFromBoxedFunction<&unsupported_fallback>());
+    }
+    direct_libs().push_back(std::move(l));
+  }
   // Break clone -> copy_ -> _copy_from recursion on conjugate/negative views (DESIGN.md).
   for (auto key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {
     auto l = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);

@@ -172,6 +172,7 @@ void set_current_device(c10::DeviceIndex index) {
 }
 
 void check_index(c10::DeviceIndex index) {
+  check_available();
   auto n = g_count.load();
   TORCH_CHECK_VALUE(index >= 0 && index < n, "Invalid device: neuron:", static_cast<int>(index),
                     " does not exist; this emulated instance has ", static_cast<int>(n),

@@ -1,7 +1,7 @@
 // HBM accounting: an emulated caching segment allocator per logical NeuronCore.
 //
 // Bytes live in host memory, but every neuron allocation is counted against its core's
-// HBM budget the way TorchNeuron's allocator would count it (spec 2.6): requests are
+// HBM budget the way TorchNeuron's allocator would count it: requests are
 // rounded to size classes, carved from cached segments (2 MiB small pool, 20 MiB or exact
 // large pool), freed blocks stay reserved until empty_cache(), and a request that does not
 // fit after flushing the cache raises torch.OutOfMemoryError. So a model that would not
@@ -9,6 +9,7 @@
 #include "neuron.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -59,6 +60,11 @@ std::string& oom_hint() {
   static auto* s = new std::string();
   return *s;
 }
+std::string& unavailable_reason() {
+  static auto* s = new std::string();
+  return *s;
+}
+std::atomic<bool> g_unavailable{false};
 bool g_timeline = false;
 const auto g_start = std::chrono::steady_clock::now();
 
@@ -98,6 +104,7 @@ std::string fmt_bytes(int64_t n) {
 }
 
 Core& core(c10::DeviceIndex index) {
+  check_available();
   auto& cs = cores();
   TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < cs.size(), "Invalid device: neuron:",
               static_cast<int>(index), " has no HBM budget (", cs.size(), " cores configured)");
@@ -143,9 +150,21 @@ Block* account(c10::DeviceIndex index, int64_t nbytes) {
          << fmt_bytes(nbytes) << " on logical NeuronCore " << static_cast<int>(index) << " ("
          << oom_hint() << "), which has " << fmt_bytes(c.budget) << " of HBM; "
          << fmt_bytes(c.allocated_bytes[0].current) << " is already allocated by tensors and "
-         << fmt_bytes(c.reserved_bytes[0].current) << " reserved. Free tensors you no longer "
-         << "need (then torch.neuron.empty_cache()), lower the batch size or sequence length, "
-         << "or shard the model over more cores (FSDP / tensor parallel).";
+         << fmt_bytes(c.reserved_bytes[0].current) << " reserved.";
+      if (seg > nbytes) {
+        os << " The request needs a new " << fmt_bytes(seg) << " segment: as in TorchNeuron's "
+           << "caching allocator, it is rounded up to a " << fmt_bytes(size) << " block and "
+           << "carved from a segment of 2 MiB (requests under 1 MiB), 20 MiB (under 10 MiB) "
+           << "or its size rounded up to 2 MiB.";
+      }
+      if (size <= c.budget && seg > c.budget) {
+        os << " One segment is larger than this core's HBM: set NEURONLOCAL_HBM_PER_CORE to "
+           << "at least " << fmt_bytes(seg) << ".";
+      } else {
+        os << " Free tensors you no longer need (then torch.neuron.empty_cache()), lower the "
+           << "batch size or sequence length, or shard the model over more cores (FSDP / "
+           << "tensor parallel).";
+      }
       lock.unlock();
       delete b;
       TORCH_CHECK_WITH(OutOfMemoryError, false, os.str());
@@ -193,6 +212,7 @@ c10::Allocator* host_inner();
 
 struct NeuronAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
+    if (g_unavailable.load(std::memory_order_relaxed)) check_available();
     auto index = current_device();
     c10::Device dev(kNeuron, index);
     if (n == 0) return c10::DataPtr(nullptr, dev);
@@ -306,6 +326,15 @@ void set_budgets(const std::vector<int64_t>& bytes_per_core) {
 }
 
 void set_oom_hint(const std::string& hint) { oom_hint() = hint; }
+
+void set_unavailable(const std::string& reason) {
+  unavailable_reason() = reason;
+  g_unavailable = !reason.empty();
+}
+
+void check_available() {
+  TORCH_CHECK(!g_unavailable.load(std::memory_order_relaxed), unavailable_reason());
+}
 
 c10::DataPtr adopt_data(c10::Storage owner, c10::DeviceIndex index) {
   // Bytes a compiled graph allocated for this core are counted already (HostAllocator).

@@ -27,7 +27,11 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "neuronlocal C++ core: device guard, HBM accounting, eager CPU-alias dispatch";
   m.def("_init", &init);
   m.def("_device_count", []() { return static_cast<int>(neuron::device_count()); });
-  m.def("_current_device", []() { return static_cast<int>(neuron::current_device()); });
+  m.def("_current_device", []() {
+    neuron::check_available();
+    return static_cast<int>(neuron::current_device());
+  });
+  m.def("_set_unavailable", &neuron::set_unavailable);
   m.def("_set_device", [](int i) { neuron::set_current_device(static_cast<c10::DeviceIndex>(i)); });
   m.def("_check_index", [](int i) { neuron::check_index(static_cast<c10::DeviceIndex>(i)); });
   m.def("_default_generator", [](int i) { return neuron::default_generator(static_cast<c10::DeviceIndex>(i)); });

@@ -34,6 +34,10 @@ void register_guard_and_hooks();
 // Per-core accounting of an emulated caching allocator (see memory.cpp).
 void set_budgets(const std::vector<int64_t>& bytes_per_core);
 void set_oom_hint(const std::string& hint);
+// Marks the device unusable (bad configuration): every later use raises `reason`.
+void set_unavailable(const std::string& reason);
+// Raises the configuration error set by set_unavailable, if any.
+void check_available();
 c10::Allocator* allocator();
 // Neuron storage that keeps `cpu` alive and counts its bytes against core `index`.
 c10::Storage adopt_storage(const c10::Storage& cpu, c10::DeviceIndex index);

@@ -38,6 +38,9 @@ def bind_rank() -> None:
     set to the rank's core for processes it starts, as TorchNeuron does.
     """
     global _bound
+    from neuronlocal.device import check_available
+
+    check_available()  # a bad neuron environment variable: its one-line error, not gloo's
     if _bound:
         return
     raw = os.environ.get("LOCAL_RANK")

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch._C import _distributed_c10d as _c10d
 
+from neuronlocal.config import env_flag
+
 _OPS: dict[str, int] = {}
 _DTYPES: dict[torch.dtype, int] = {}
 _BY_CODE: dict[int, torch.dtype] = {}
@@ -28,7 +30,7 @@ _WIDTH = 3 + _MAX_TENSORS * (2 + _MAX_DIMS)
 def enabled() -> bool:
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
         return True
-    return os.environ.get("NEURONLOCAL_DIST_CHECKS", "0").strip().lower() in {"1", "true", "on"}
+    return env_flag("NEURONLOCAL_DIST_CHECKS")
 
 
 def _dtype_code(dt: torch.dtype) -> int:

@@ -208,6 +208,8 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
                 "seconds": round(time.time() - state.started, 3), "exit_code": None,
                 "error": None, **(run or {})},
         "instance": neuronlocal.profile.describe(),
+        "config_error": (f"neuron device unavailable: {neuronlocal.config_error}"
+                         if neuronlocal.config_error else None),
         "graphs": graphs,
         "compile_seconds": round(dyn["compile_seconds"], 3),
         "recompiles": families["recompiles"],

@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -65,8 +64,16 @@ def headline(rep: dict[str, Any]) -> list[str]:
     for r in rep["ranks"]:
         p = f"rank {r['rank']}: " if len(rep["ranks"]) > 1 else ""
         err = r["run"].get("error")
-        if err:
-            out.append(f"{p}the script raised {err['type']}: {err['message'].splitlines()[0]}")
+        ended = str(r["run"].get("ended_by", ""))
+        if err and (ended.startswith("killed") or ended.startswith("exit ")):
+            out.append(f"{p}{err['message']}")
+        elif err:
+            first = next(iter(str(err["message"]).strip().splitlines()), "")
+            out.append(f"{p}the script raised {err['type']}" + (f": {first}" if first else ""))
+        elif ended == "os._exit":
+            out.append(f"{p}the script ended with os._exit({r['run'].get('exit_code')})")
+        if r.get("config_error"):
+            out.append(f"{p}{r['config_error']}")
         if r["recompiles"]:
             hint = "; see the bucket suggestion" if r["bucket_suggestions"] else ""
             out.append(f"{p}{len(r['recompiles'])} recompilation(s){hint}")
@@ -157,8 +164,8 @@ def text(rank_report: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
-def write_json(rep: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(rep, indent=1, default=str))
+def to_json(rep: dict[str, Any]) -> str:
+    return json.dumps(rep, indent=1, default=str)
 
 
 # ---- HTML -------------------------------------------------------------------------------

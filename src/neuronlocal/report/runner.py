@@ -1,93 +1,210 @@
-"""`neuronlocal run`: run a program in this process with capture on, then write its report.
+"""`neuronlocal run`: run a program under a supervisor and report what it would cost.
 
-The target runs through runpy (as `python script.py` / `python -m module` would) with
-sys.argv set to its own arguments, inside try/finally, so a script that raises (an OOM,
-say) still leaves a report; the exit status is the script's. Under torchrun every rank
-writes `rank<N>.json`; then, holding a lock on the report directory, it merges the rank
-files present into `report.json` and `report.html`, so the last rank to finish leaves
-the complete page (and prints the merged summary).
+The target runs in a child process (report/child.py) that collects while it runs and
+writes the report when the target ends: returns, calls sys.exit or os._exit, raises, or is
+interrupted. This process only checks the arguments (a missing script and an unwritable
+report directory fail before anything runs), waits, forwards signals, and takes the exit
+status. When the child dies without writing its report (a segfault, SIGKILL, a signal it
+does not handle), it writes one here from the child's last snapshot (taken every few
+seconds), saying how the process ended. Under torchrun every rank writes
+`rank<N>.json`; then, holding a lock on the report directory, it merges the rank files
+present into `report.json` and `report.html`, so the last rank to finish leaves the
+complete page (and prints the merged summary).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import logging
 import os
-import runpy
+import signal
+import stat
+import subprocess
 import sys
+import tempfile
 import time
-import traceback
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from neuronlocal.report import collect, render
+from neuronlocal.report import render
 
 log = logging.getLogger("neuronlocal.report")
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+              signal.SIGUSR2)
+_FROM_TERMINAL = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_PR_SET_PDEATHSIG = 1
 
 
-def _exit_code(code: Any) -> int:
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1
+class RunError(Exception):
+    """`neuronlocal run` cannot start: its one-line message, and the exit status to use."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _target(args: list[str], module: str | None) -> tuple[str, list[str]]:
     if module:
         return module, [module, *args]
     if not args:
-        raise SystemExit("neuronlocal run: give a script (or -m module) to run")
+        raise RunError("neuronlocal run: give a script (or -m module) to run")
+    script = Path(args[0])
+    if not script.exists():  # the message and status of `python missing.py`
+        raise RunError(f"neuronlocal run: can't open file '{script.absolute()}': [Errno 2] No "
+                       "such file or directory")
     return args[0], list(args)
+
+
+def _check_writable(out: Path) -> bool:
+    """Creates `out` if needed and proves a file can be written there; True if created.
+
+    The folder must be the user's own and not writable by everyone: report files are
+    replaced by name there, which another user must not be able to redirect.
+    """
+    created = not out.exists()
+    try:
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = out.stat()
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise RunError(f"neuronlocal run: cannot write the report to {out}/: "
+                       f"{e.strerror or e}; pass --report with a writable directory.") from None
+    if st.st_uid != os.getuid() or st.st_mode & stat.S_IWOTH:
+        raise RunError(f"neuronlocal run: the report folder {out}/ belongs to another user or "
+                       "is writable by everyone; pass --report with a folder of your own.")
+    return created
+
+
+def die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the supervisor dies, so it never runs orphaned."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+def _terminal_sent_it_to_both() -> bool:
+    """True when we are the foreground job of a terminal: a key there (Ctrl-C) signals the
+    whole process group, so the child already got the signal and forwarding would double it."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _forwarding(proc: subprocess.Popen[bytes]) -> dict[int, Any]:
+    def forward(signum: int, _frame: Any) -> None:
+        if signum in _FROM_TERMINAL and _terminal_sent_it_to_both():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    return {s: signal.signal(s, forward) for s in _FORWARDED}
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _finish_for_child(out: Path, state: Path, status: int, seconds: float, quiet: bool) -> int:
+    """After the child ended: its exit status, and the report it could not write itself."""
+    try:
+        data = json.loads(state.read_text())
+    except FileNotFoundError:
+        return status  # the target never started (e.g. no such module): no report
+    except (OSError, ValueError):
+        data = {"status": "running", "report": None}
+    code = 128 - status if status < 0 else status  # killed by signal N: 128+N, as shells say
+    if data.get("status") != "done":
+        rep = data.get("report")
+        if rep is None:
+            print(f"neuronlocal run: the process ended (status {code}) before its first "
+                  f"snapshot; no report in {out}/", file=sys.stderr)
+        else:
+            last = (f"the report holds what was collected until its last snapshot, at "
+                    f"{rep['run']['seconds']:.1f} s")
+            if status < 0:
+                name = _signal_name(-status)
+                how = f"killed by {name}"
+                error = {"type": name, "traceback": "",
+                         "message": f"the process was {how} after {seconds:.1f} s; {last}"}
+            else:
+                how = f"exit {code} without writing its report"
+                error = {"type": "Exit", "traceback": "",
+                         "message": f"the process exited with status {code} after "
+                                    f"{seconds:.1f} s without writing its report; {last}"}
+            rep["run"].update(exit_code=code, error=error, ended_by=how)
+            try:
+                write(out, rep, quiet=quiet)
+            except OSError as e:
+                print(f"neuronlocal run: could not write the report to {out}/: {e}",
+                      file=sys.stderr)
+    with contextlib.suppress(OSError):
+        state.unlink()
+    return code
 
 
 def run(args: list[str], module: str | None = None, report_dir: str | Path = "neuron_report",
         quiet: bool = False) -> int:
-    """Runs `script args...` (or `-m module args...`); returns its exit status."""
-    target, argv = _target(args, module)
-    out = Path(report_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    old_argv, old_path0 = sys.argv, sys.path[0] if sys.path else None
-    sys.argv = argv
-    if not module:
-        sys.path.insert(0, str(Path(target).resolve().parent))
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"{os.getpid()}-{time.time():.0f}"
-    collector = collect.Collector().start()
-    code, error = 0, None
-    log.info("running %s with the report going to %s", target, out)
+    """Runs `script args...` (or `-m module args...`) in a child; returns its exit status."""
     try:
-        if module:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target, run_name="__main__")
-    except SystemExit as e:
-        code = _exit_code(e.code)
-    except BaseException as e:  # noqa: BLE001 - report any failure, then exit like Python
-        code = 130 if isinstance(e, KeyboardInterrupt) else 1
-        error = {"type": type(e).__name__, "message": str(e),
-                 "traceback": "".join(traceback.format_exception(e))}
-        traceback.print_exc()
+        target, argv = _target(args, module)
+        out = Path(report_dir)
+        created = _check_writable(out)
+    except RunError as e:
+        print(e, file=sys.stderr)
+        return e.code
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"{os.getpid()}-{time.time():.0f}"
+    state = out / f".state-{uuid.uuid4().hex}.json"
+    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
+           "-m", "neuronlocal.report.child", "--report", str(out), "--state", str(state),
+           "--run-id", run_id, *(["--module", module] if module else []), "--",
+           *(argv[1:] if module else argv)]
+    log.info("running %s with the report going to %s", target, out)
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd)
+    previous = _forwarding(proc)
+    try:
+        status = proc.wait()
     finally:
-        try:
-            write(out, collect.snapshot({"exit_code": code, "error": error, "argv": argv,
-                                          "run_id": run_id}),
-                  quiet=quiet)
-        finally:
-            collector.stop()
-            sys.argv = old_argv
-            if not module and sys.path and old_path0 is not None and sys.path[0] != old_path0:
-                sys.path.pop(0)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    code = _finish_for_child(out, state, status, time.monotonic() - started, quiet)
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()  # only succeeds when nothing was written: leave no empty folder
     return code
 
 
 @contextlib.contextmanager
-def _locked(directory: Path):
-    with (directory / ".merge.lock").open("a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+def _locked(directory: Path) -> Iterator[None]:
+    fd = os.open(directory / ".merge.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Replaces `path` atomically with a new file only the user can read (never writes
+    through a symlink or into a file someone else prepared)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def merge_dir(directory: Path, run_id: str | None = None) -> dict[str, Any]:
@@ -99,17 +216,15 @@ def merge_dir(directory: Path, run_id: str | None = None) -> dict[str, Any]:
             if run_id is None or r["run"].get("run_id") == run_id:
                 ranks.append(r)
     rep = render.merge(ranks)
-    render.write_json(rep, directory / "report.json")
-    (directory / "report.html").write_text(render.html_page(rep))
+    _write_private(directory / "report.json", render.to_json(rep))
+    _write_private(directory / "report.html", render.html_page(rep))
     return rep
 
 
 def write(directory: Path, rank_report: dict[str, Any], quiet: bool = False) -> dict[str, Any]:
     """Writes this rank's JSON, re-merges the directory, prints a summary."""
     rank = rank_report["rank"]
-    tmp = directory / f".rank{rank}.json.tmp"
-    render.write_json(rank_report, tmp)
-    os.replace(tmp, directory / f"rank{rank}.json")
+    _write_private(directory / f"rank{rank}.json", render.to_json(rank_report))
     with _locked(directory):
         rep = merge_dir(directory, rank_report["run"].get("run_id"))
     if not quiet:

@@ -31,6 +31,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Compute float64/int64 as 32-bit and cast back, as Trainium does. 0 keeps 64 bits."),
     EnvVar("NEURONLOCAL_STRICT", "0",
            "1 turns CPU-fallback ops and float64 compute into errors (for CI)."),
+    EnvVar("NEURONLOCAL_OP_PLACEMENT", "trainium",
+           "`trainium`: ops TorchNeuron has no device kernel for are CPU fallbacks (warned, "
+           "counted; docs/op-support.md). `native`: every op counts as a device op."),
     EnvVar("TORCH_NEURONX_NEFF_CACHE_DIR", "/tmp/neff_cache",
            "Persistent compile cache (entries + Inductor artifacts); share it between runs."),
     EnvVar("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "/tmp/local_cache",
@@ -51,6 +54,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "PyTorch's switch: 0 stops `import torch` from loading neuronlocal."),
 )
 
+PLACEMENTS = ("trainium", "native")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
@@ -95,6 +99,7 @@ class Config:
     hbm_per_core: int | None = None
     downcast_64bit: bool = True
     strict: bool = False
+    placement: str = "trainium"
     log_level: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -112,6 +117,10 @@ class Config:
         level_raw = env.get("TORCH_NEURONX_LOG_LEVEL", "0").strip() or "0"
         if not level_raw.isdigit():
             raise ConfigError(f"TORCH_NEURONX_LOG_LEVEL={level_raw!r} is not a number (0-3).")
+        placement = env.get("NEURONLOCAL_OP_PLACEMENT", "trainium").strip().lower() or "trainium"
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"NEURONLOCAL_OP_PLACEMENT={placement!r} is not a placement; use "
+                              "'trainium' (TorchNeuron's CPU fallbacks) or 'native' (none).")
         return cls(
             instance=env.get("NEURONLOCAL_INSTANCE", "trn2.3xlarge").strip() or "trn2.3xlarge",
             lnc=lnc,
@@ -119,6 +128,7 @@ class Config:
             hbm_per_core=parse_bytes("NEURONLOCAL_HBM_PER_CORE", hbm_raw) if hbm_raw else None,
             downcast_64bit=_flag("NEURONLOCAL_DOWNCAST_64BIT", True),
             strict=_flag("NEURONLOCAL_STRICT", False),
+            placement=placement,
             log_level=int(level_raw),
         )
 

@@ -154,9 +154,12 @@ def _fallbacks(sites: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     from neuronlocal.eager import tracking
 
     out = []
+    traffic = tracking.get_fallback_traffic()
     for op, count in sorted(tracking.get_fallback_ops().items(), key=lambda kv: -kv[1]):
         site = sites.get(op, {"file": "", "line": 0, "source": ""})
-        out.append({"op": op, "count": count, **site})
+        t = traffic.get(op, {})
+        out.append({"op": op, "count": count, "to_host_bytes": t.get("to_host", 0),
+                    "from_host_bytes": t.get("from_host", 0), **site})
     return out
 
 

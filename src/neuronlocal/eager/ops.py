@@ -21,9 +21,10 @@ docs/op-support.md, the run report and the support matrix all read this table.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,9 +39,17 @@ OTHER_NAMESPACES = HOST | KEEP_64BIT
 
 @functools.cache
 def table() -> dict[str, Any]:
-    """The generated table: {"evidence": ..., "traced": ..., "ops": {name: entry}}."""
-    text = resources.files("neuronlocal.eager").joinpath("op_placement.json").read_text()
-    return json.loads(text)
+    """The generated table: {"evidence": ..., "traced": ..., "ops": {name: entry}}.
+    Parsed with the garbage collector paused: its many small objects would otherwise set
+    off a full collection of torch's heap at import (0.6 s)."""
+    text = Path(__file__).with_name("op_placement.json").read_text()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(text)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def canonical(op: str) -> str:
@@ -75,11 +84,18 @@ def placement(op: str) -> Placement:
             raise KeyError(f"{op!r} is not an ATen op of torch {torch.__version__}; "
                            "see `neuronlocal ops --list host`.")
         entry = {"placement": "host", "other_namespace": True}
-    where = entry["placement"]
-    runs = entry.get("runs", "host" if where == "host" else "device")
+    runs = _runs(entry)
     host = entry.get("host_op", name) if runs == "host" else None
-    return Placement(name, where, runs, host, bool(entry.get("view") or entry.get("metadata")),
+    return Placement(name, entry["placement"], runs, host, _quiet(entry),
                      name in float64_ops(), entry)
+
+
+def _runs(entry: dict[str, Any]) -> str:
+    return entry.get("runs", "host" if entry["placement"] == "host" else "device")
+
+
+def _quiet(entry: dict[str, Any]) -> bool:
+    return bool(entry.get("view") or entry.get("metadata"))
 
 
 def all_placements() -> dict[str, Placement]:
@@ -97,13 +113,8 @@ def float64_ops() -> frozenset[str]:
 def decisions() -> dict[str, tuple[int, str]]:
     """For the C++ dispatch: {op: (flags, host op)} for every op that runs on the host when it
     reaches neuron as one op; ops not listed run on the device."""
-    out = {}
-    for name in table()["ops"]:
-        p = placement(name)
-        if p.runs == "host":
-            assert p.host_op is not None
-            out[name] = (HOST | KEEP_64BIT | (QUIET if p.quiet else 0), p.host_op)
-    return out
+    return {name: (HOST | KEEP_64BIT | (QUIET if _quiet(e) else 0), e.get("host_op", name))
+            for name, e in table()["ops"].items() if _runs(e) == "host"}
 
 
 def direct_composites() -> list[str]:

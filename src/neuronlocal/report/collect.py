@@ -27,7 +27,7 @@ from neuronlocal.report import metrics as report_metrics
 
 SCHEMA = 1
 MAX_TIMELINE_POINTS = 1500
-_FALLBACK = re.compile(r"^(aten::\S+) executed via CPU fallback")
+_FALLBACK = re.compile(r"^(\S+::\S+) executed via CPU fallback")
 _BREAK_AT = re.compile(r"in user code at (.+?):(\d+)")
 _BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 
@@ -91,7 +91,7 @@ class Collector:
             self._break_logger.setLevel(logging.DEBUG)
         # The C++ core warns once per fallback op; make sure that warning is shown (and so
         # seen here) even under an "ignore" or "default" filter that already saw it.
-        warnings.filterwarnings("always", message=r"aten::\S+ executed via CPU fallback")
+        warnings.filterwarnings("always", message=r"\S+::\S+ executed via CPU fallback")
         warnings.showwarning = self._showwarning
         self.state.started = time.time()
         _active = self

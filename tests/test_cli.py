@@ -19,12 +19,6 @@ def test_demo(capsys):
     assert "neuron matches CPU" in capsys.readouterr().out
 
 
-def test_ops(capsys):
-    assert cli.main(["ops", "aten::linalg_qr", "aten::mm"]) == 0
-    out = capsys.readouterr().out
-    assert "aten::linalg_qr: cpu-fallback" in out and "aten::mm: native" in out
-
-
 def test_readme_env_table_is_current():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert env_table_markdown() in readme

@@ -110,3 +110,47 @@ def test_downcast_policy_on():
             assert (big.to("neuron") + 1).item() == 2**31
     finally:
         set_policy(downcast_64bit=cfg.downcast_64bit)
+
+
+def _binary_ufuncs() -> list:
+    from torch.testing._internal.opinfo.core import BinaryUfuncInfo
+
+    return [pytest.param(op, id=sweep.op_name(op)) for op in sweep.op_db()
+            if isinstance(op, BinaryUfuncInfo)]
+
+
+@pytest.mark.parametrize("op", _binary_ufuncs())
+def test_cpu_scalar_tensor_operand(op):
+    """A 0-dim CPU tensor is a scalar operand for a neuron tensor, as on CUDA
+    (TensorIterator's rule): the result is on neuron and equals CPU's. As the first operand
+    too, except for composites that allocate their result on the first operand's device
+    (logical_and, complex, polar): they reject it with the device error, as on CUDA."""
+    dtype = torch.float32 if torch.float32 in op.supported_dtypes("cpu") else torch.int64
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(5, generator=g) * 4 + 0.5).to(dtype)
+    s = torch.tensor(2, dtype=dtype)
+    for first_scalar, args in ((False, (x, s)), (True, (s, x))):
+        try:
+            want = op(*args)
+        except Exception:  # noqa: BLE001  (this side is not supported on CPU either)
+            continue
+        on_neuron = [a.to("neuron") if a.dim() else a for a in args]
+        try:
+            got = op(*on_neuron)
+        except RuntimeError as e:
+            if first_scalar and "Expected all tensors to be on the same device" in str(e):
+                continue
+            raise
+        assert got.device.type == "neuron"
+        torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+
+
+def test_refs_copysign_rejects_a_cpu_divisor_as_on_cuda():
+    """torch's Python reference of copysign checks devices itself and raises on CUDA too
+    (OpInfo skips it for that reason); neuron gives the same error, with its device name."""
+    with pytest.raises(RuntimeError, match=r"Expected divisor \(b\) to be on the same device "
+                                           r"\(neuron:0\) as dividend \(a\), but it is found on "
+                                           "cpu!"):
+        torch._refs.copysign(torch.ones(3, device="neuron"), torch.tensor(-1.0))
+    torch.testing.assert_close(torch.copysign(torch.ones(3, device="neuron"),
+                                              torch.tensor(-1.0)).cpu(), -torch.ones(3))

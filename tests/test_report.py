@@ -78,10 +78,12 @@ def test_recompiles_reason_buckets_and_fallback_site(tmp_path):
     assert (b["input"], b["dim"], b["name"], b["sizes"]) == (1, 1, "ids", lengths)
     assert b["graphs_with_buckets"] < len(lengths)
     # The fallback op is reported with the user's line.
-    inv = next(f for f in r["fallback_ops"] if f["op"] == "aten::linalg_inv_ex")
+    inv = next(f for f in r["fallback_ops"] if f["op"] == "aten::linalg_inv_ex.inverse")
     line = SEQ_SCRIPT.splitlines().index("torch.linalg.inv(a)  # FALLBACK-LINE") + 1
     assert (Path(inv["file"]).name, inv["line"], inv["count"]) == ("seq.py", line, 1)
     assert "FALLBACK-LINE" in inv["source"]
+    # What the fallback costs: the 3x3 float32 input to the host; inverse and info back.
+    assert (inv["to_host_bytes"], inv["from_host_bytes"]) == (36, 36 + 4)
     assert "Recompilations" in proc.stderr and "seq.py:" in proc.stderr
     page = (out / "report.html").read_text()
     assert "<svg" in page and "<script" not in page and "size mismatch" in page

@@ -46,6 +46,7 @@ from neuronlocal.eager.tracking import (  # noqa: E402
     get_downcast_ops,
     get_executed_ops,
     get_fallback_ops,
+    get_fallback_traffic,
 )
 
 eager.register(config)
@@ -68,5 +69,5 @@ hf.register()
 __version__ = "0.1.0"
 __all__ = [
     "clear_op_tracking", "config", "config_error", "device", "get_downcast_ops", "get_executed_ops",
-    "get_fallback_ops", "profile",
+    "get_fallback_ops", "get_fallback_traffic", "profile",
 ]

@@ -62,13 +62,44 @@ def cmd_demo(_: argparse.Namespace) -> int:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
+    """Where TorchNeuron runs ops on Trainium (the placement table, eager/ops.py)."""
     if args.op:
+        code = 0
         for name in args.op:
-            print(f"{name}: {ops_mod.status(name)}")
+            try:
+                p = ops_mod.placement(name)
+            except KeyError as e:
+                print(f"error: {e.args[0]}")
+                code = 2
+                continue
+            runs = f"; runs on the host as {p.host_op}" if p.runs == "host" and \
+                p.placement != "host" else ""
+            print(f"{p.op}: {p.placement}{runs}\n  {p.evidence()}")
+        return code
+    every = ops_mod.all_placements()
+    if args.list:
+        for name, p in every.items():
+            if args.list == "host" and p.runs == "host":
+                print(name if p.host_op == name else f"{name}  (runs {p.host_op})")
+            elif args.list == p.placement and args.list != "host":
+                print(name)
         return 0
-    print("Ops TorchNeuron runs on the host CPU (warned once, counted, errors in strict mode):")
-    for name, why in sorted(ops_mod.CPU_FALLBACK_OPS.items()):
-        print(f"  {name:<36} {why}")
+    t = ops_mod.table()
+    counts = {k: sum(p.placement == k for p in every.values()) for k in ops_mod.PLACEMENTS}
+    direct = [p for p in every.values() if "runs" in p.entry]
+    on_host = sum(p.runs == "host" for p in direct)
+    print(f"Op placement on Trainium for the {len(every)} ATen ops of torch {t['torch']}, from "
+          f"TorchNeuron's public op coverage ({t['evidence']['source']}, extracted "
+          f"{t['evidence']['extracted']}):")
+    print(f"  device     {counts['device']:>5}  TorchNeuron registers a device kernel")
+    print(f"  composite  {counts['composite']:>5}  decomposes; its pieces are placed one by one "
+          f"({len(direct)} run here as one CPU kernel: {on_host} of them fall back)")
+    print(f"  host       {counts['host']:>5}  TorchNeuron's CPU fallback: copied to the host and "
+          "back, warned once per op, an error with NEURONLOCAL_STRICT=1")
+    print("`neuronlocal ops OP...` explains ops, `--list host` lists every op that runs on the "
+          "host; docs/op-support.md.")
+    print(f"Placement now: {neuronlocal.config.placement} (NEURONLOCAL_OP_PLACEMENT=native counts "
+          "every op as a device op).")
     return 0
 
 
@@ -123,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="the emulated instance: cores, HBM per core, LNC").set_defaults(
         func=cmd_info)
     sub.add_parser("demo", help="a small model on neuron vs CPU").set_defaults(func=cmd_demo)
-    p_ops = sub.add_parser("ops", help="op support: what falls back to CPU on Trainium")
-    p_ops.add_argument("op", nargs="*", help="op names, e.g. aten::mm")
+    p_ops = sub.add_parser("ops", help="op placement: what runs on the host on Trainium")
+    p_ops.add_argument("op", nargs="*", help="op names, e.g. aten::mm, sort.stable")
+    p_ops.add_argument("--list", choices=["host", "device", "composite"],
+                       help="list the ops with this placement (host: every op that runs there)")
     p_ops.set_defaults(func=cmd_ops)
     sub.add_parser("env", help="environment variables (markdown table)").set_defaults(
         func=cmd_env)

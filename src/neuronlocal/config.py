@@ -29,6 +29,8 @@ class EnvVar:
     choices: tuple[str, ...] = ()
 
 
+PLACEMENTS = ("trainium", "native")
+
 ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NEURONLOCAL_INSTANCE", "trn2.3xlarge",
            "Emulated instance: trn2.3xlarge, trn2.48xlarge, trn3.3xlarge, trn3.48xlarge.",
@@ -47,6 +49,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "flag"),
     EnvVar("NEURONLOCAL_STRICT", "0",
            "1 turns CPU-fallback ops and float64 compute into errors (for CI).", "flag"),
+    EnvVar("NEURONLOCAL_OP_PLACEMENT", "trainium",
+           "`trainium`: ops TorchNeuron has no device kernel for are CPU fallbacks (warned, "
+           "counted; docs/op-support.md). `native`: every op counts as a device op.",
+           "choice", PLACEMENTS),
     EnvVar("TORCH_NEURONX_NEFF_CACHE_DIR", "$TMPDIR/neff_cache_<user>",
            "Persistent compile cache (Inductor artifacts + verified entries). Must be owned "
            "by you and not writable by others; a read-only cache still serves hits."),
@@ -192,6 +198,7 @@ class Config:
     hbm_per_core: int | None = None
     downcast_64bit: bool = True
     strict: bool = False
+    placement: str = "trainium"
     log_level: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -222,6 +229,7 @@ class Config:
             downcast_64bit=parse_flag("NEURONLOCAL_DOWNCAST_64BIT",
                                       good.get("NEURONLOCAL_DOWNCAST_64BIT"), True),
             strict=parse_flag("NEURONLOCAL_STRICT", good.get("NEURONLOCAL_STRICT"), False),
+            placement=good.get("NEURONLOCAL_OP_PLACEMENT", "trainium"),
             log_level=parse_level("TORCH_NEURONX_LOG_LEVEL",
                                   good.get("TORCH_NEURONX_LOG_LEVEL", "0")),
         )

@@ -33,7 +33,11 @@ namespace {
 
 bool g_downcast = true;
 bool g_strict = false;
-std::unordered_set<std::string> g_cpu_fallback;
+// Op placement (policy and data in neuronlocal/eager/ops.py): per op name, the flags and
+// the op TorchNeuron runs on the host; ops not listed run on the device.
+constexpr uint8_t kHost = 1, kQuiet = 2, kKeep64 = 4;
+std::unordered_map<std::string, std::pair<uint8_t, std::string>> g_placement;
+uint8_t g_other_namespaces = 0;  // flags of non-aten ops that reach the fallback
 
 struct OpInfo {
   std::string name;           // aten::add.Tensor
@@ -41,10 +45,12 @@ struct OpInfo {
   bool pointwise = false;     // int64 inputs are computed as int32
   bool exact = false;         // data movement: no arithmetic, so no 64-bit downcast
   bool cpu_fallback = false;  // TorchNeuron runs this op on CPU
+  bool quiet = false;         // view/metadata op: its fallback is not warned
+  std::string host_name;      // the op TorchNeuron runs on CPU (this one, or a piece)
   bool allow_cpu = false;     // CPU index tensors are accepted (as CUDA does)
   int generator_arg = -1;
   std::vector<bool> write;    // per argument: mutated by the op
-  std::atomic<int64_t> executed{0}, fallback{0}, downcast{0};
+  std::atomic<int64_t> executed{0}, fallback{0}, downcast{0}, to_host{0}, from_host{0};
   std::atomic<bool> warned{false};
   std::atomic<bool> wrap_warned{false};  // an int64 value outside int32 was seen
 };
@@ -85,6 +91,17 @@ const std::unordered_set<std::string>& int_reductions() {
   return s;
 }
 
+// Host ops compute in 64 bits (TorchNeuron's CPU fallback runs them on CPU as they are).
+void apply_placement(OpInfo& info) {
+  auto it = g_placement.find(info.name);
+  uint8_t flags = it != g_placement.end() ? it->second.first
+                  : info.name.rfind("aten::", 0) == 0 ? 0 : g_other_namespaces;
+  info.cpu_fallback = flags & kHost;
+  info.quiet = flags & kQuiet;
+  info.host_name = it != g_placement.end() ? it->second.second : info.name;
+  if (flags & kKeep64) info.exact = true;
+}
+
 OpInfo& info_for(const c10::OperatorHandle& op) {
   const auto* key = &op.schema();
   std::lock_guard<std::mutex> lock(g_info_mu);
@@ -109,7 +126,7 @@ OpInfo& info_for(const c10::OperatorHandle& op) {
   }
   info->pointwise = op.hasTag(at::Tag::pointwise) || int_reductions().count(base);
   info->exact = info->is_view || exact_ops().count(base) > 0;
-  info->cpu_fallback = g_cpu_fallback.count(base) > 0;
+  apply_placement(*info);
   info->allow_cpu = base.rfind("aten::index", 0) == 0 || base == "aten::_index_put_impl_";
   auto& ref = *info;
   g_infos.emplace(key, std::move(info));
@@ -310,15 +327,54 @@ struct Call {
   }
 };
 
+// Once per op name that falls back, as TorchNeuron warns (atan2 and atan2_ both reach
+// atan2.out: one warning).
+bool first_warning(const std::string& name) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  return warned.insert(name).second;
+}
+
 void on_cpu_fallback(OpInfo& info) {
   info.fallback++;
-  TORCH_CHECK(!g_strict, info.name, " has no Trainium kernel: TorchNeuron runs it on CPU. "
-              "NEURONLOCAL_STRICT=1 makes CPU fallbacks errors; unset it to allow them, or "
+  const std::string via = info.host_name == info.name ? "" : " (reached from " + info.name + ")";
+  TORCH_CHECK(!g_strict, info.host_name, via, " has no Trainium kernel: TorchNeuron runs it on "
+              "CPU. NEURONLOCAL_STRICT=1 makes CPU fallbacks errors; unset it to allow them, or "
               "avoid this op.");
-  if (!info.warned.exchange(true)) {
-    TORCH_WARN(info.name, " executed via CPU fallback (TorchNeuron has no device kernel for it; "
-               "on Trainium it runs on the host). See torch_neuronx.get_fallback_ops().");
+  if (!info.quiet && !info.warned.exchange(true) && first_warning(info.host_name)) {
+    TORCH_WARN(info.host_name, " executed via CPU fallback", via, " (TorchNeuron has no device "
+               "kernel for it; on Trainium it runs on the host). See "
+               "torch_neuronx.get_fallback_ops() and `neuronlocal ops`.");
   }
+}
+
+int64_t nbytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.numel()) * t.element_size() : 0;
+}
+
+// What the fallback copies on Trainium: every neuron input to the host, and back every
+// written input and every new result.
+void count_host_traffic(OpInfo& info, const Call& call, const torch::jit::Stack& stack,
+                        size_t rbase) {
+  int64_t to = 0, from = 0;
+  for (const auto& x : call.inputs) {
+    to += nbytes(x.alias);
+    if (x.write) from += nbytes(x.alias);
+  }
+  auto add_result = [&](const at::Tensor& r) {
+    for (const auto& x : call.inputs) {
+      if (x.write && r.unsafeGetTensorImpl() == x.neuron.unsafeGetTensorImpl()) return;
+    }
+    from += nbytes(r);
+  };
+  for (size_t j = rbase; j < stack.size(); ++j) {
+    const auto& r = stack[j];
+    if (r.isTensor()) add_result(r.toTensor());
+    else if (r.isTensorList()) for (const at::Tensor& t : r.toTensorList().vec()) add_result(t);
+  }
+  info.to_host += to;
+  info.from_host += from;
 }
 
 void on_downcast(OpInfo& info, bool is_float) {
@@ -389,6 +445,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       for (size_t k = 0; k < list.size(); ++k) list.set(k, call.out(list.get(k)));
     }
   }
+  if (info.cpu_fallback) count_host_traffic(info, call, *stack, rbase);
 }
 
 // ---- explicit kernels -------------------------------------------------------------------
@@ -597,28 +654,39 @@ void set_policy(bool downcast_64bit, bool strict) {
   g_strict = strict;
 }
 
-void set_cpu_fallback_ops(const std::vector<std::string>& names) {
+void set_op_placement(const std::map<std::string, std::pair<int, std::string>>& ops,
+                      int other_namespaces) {
   std::lock_guard<std::mutex> lock(g_info_mu);
-  g_cpu_fallback = {names.begin(), names.end()};
+  g_placement.clear();
+  for (const auto& [name, d] : ops) g_placement[name] = {static_cast<uint8_t>(d.first), d.second};
+  g_other_namespaces = static_cast<uint8_t>(other_namespaces);
   for (auto& [k, info] : g_infos) {
-    auto base = info->name.substr(0, info->name.find('.'));
-    info->cpu_fallback = g_cpu_fallback.count(base) > 0;
+    info->exact = info->is_view || exact_ops().count(info->name.substr(0, info->name.find('.')));
+    apply_placement(*info);
   }
 }
 
-std::map<std::string, int64_t> tally(std::atomic<int64_t> OpInfo::*field) {
+// Sums per op name; fallback counters per the op that runs on the host.
+std::map<std::string, int64_t> tally(std::atomic<int64_t> OpInfo::*field, bool by_host = false) {
   std::lock_guard<std::mutex> lock(g_info_mu);
   std::map<std::string, int64_t> out;
   for (auto& [k, info] : g_infos) {
     auto v = ((*info).*field).load();
-    if (v) out[info->name] = v;
+    if (v) out[by_host ? info->host_name : info->name] += v;
   }
   return out;
 }
 
 std::map<std::string, int64_t> executed_ops() { return tally(&OpInfo::executed); }
-std::map<std::string, int64_t> fallback_ops() { return tally(&OpInfo::fallback); }
+std::map<std::string, int64_t> fallback_ops() { return tally(&OpInfo::fallback, true); }
 std::map<std::string, int64_t> downcast_ops() { return tally(&OpInfo::downcast); }
+
+std::map<std::string, std::pair<int64_t, int64_t>> fallback_bytes() {
+  auto to = tally(&OpInfo::to_host, true), from = tally(&OpInfo::from_host, true);
+  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  for (const auto& [name, n] : fallback_ops()) out[name] = {to[name], from[name]};
+  return out;
+}
 
 void clear_op_tracking() {
   std::lock_guard<std::mutex> lock(g_info_mu);
@@ -626,6 +694,8 @@ void clear_op_tracking() {
     info->executed = 0;
     info->fallback = 0;
     info->downcast = 0;
+    info->to_host = 0;
+    info->from_host = 0;
   }
 }
 

@@ -46,10 +46,11 @@ PYBIND11_MODULE(_C, m) {
   }, "count this thread's host allocations against core i (-1: off); returns the previous");
   m.def("_cpu_alias", &neuron::cpu_alias, "zero-copy CPU view of a neuron tensor's bytes");
   m.def("_set_policy", &neuron::set_policy);
-  m.def("_set_cpu_fallback_ops", &neuron::set_cpu_fallback_ops);
+  m.def("_set_op_placement", &neuron::set_op_placement);
   m.def("_register_direct", &neuron::register_direct);
   m.def("_executed_ops", &neuron::executed_ops);
   m.def("_fallback_ops", &neuron::fallback_ops);
+  m.def("_fallback_bytes", &neuron::fallback_bytes);
   m.def("_downcast_ops", &neuron::downcast_ops);
   m.def("_clear_op_tracking", &neuron::clear_op_tracking);
   m.def("_bridge_in", &neuron::bridge_in, "neuron tensors -> CPU aliases (and the core index)",

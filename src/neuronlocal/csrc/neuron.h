@@ -62,9 +62,11 @@ at::Tensor cpu_alias(const at::Tensor& t);
 c10::StorageImpl* alias_source(const c10::Storage& cpu);
 void register_kernels();
 void set_policy(bool downcast_64bit, bool strict);
-void set_cpu_fallback_ops(const std::vector<std::string>& names);
+void set_op_placement(const std::map<std::string, std::pair<int, std::string>>& ops,
+                      int other_namespaces);
 std::map<std::string, int64_t> executed_ops();
 std::map<std::string, int64_t> fallback_ops();
+std::map<std::string, std::pair<int64_t, int64_t>> fallback_bytes();  // to, from the host
 std::map<std::string, int64_t> downcast_ops();
 void clear_op_tracking();
 // Registers the boxed fallback directly for ops whose PrivateUse1 entry would otherwise

@@ -5,31 +5,45 @@ from __future__ import annotations
 import dataclasses
 
 from neuronlocal import _C
-from neuronlocal.config import Config
-from neuronlocal.eager import overrides
-from neuronlocal.eager.ops import CPU_FALLBACK_OPS, structured_ops
+from neuronlocal.config import PLACEMENTS, Config
+from neuronlocal.eager import ops, overrides, rnn_cells
 
 
 def register(cfg: Config) -> None:
     _C._set_policy(cfg.downcast_64bit, cfg.strict)
-    _C._set_cpu_fallback_ops(sorted(CPU_FALLBACK_OPS))
-    _C._register_direct(structured_ops())
+    _set_placement(cfg.placement)
+    _C._register_direct(ops.structured_ops() + ops.direct_composites())
     overrides.register()
+    rnn_cells.register()
     _print_on_host()
 
 
-def set_policy(*, strict: bool | None = None, downcast_64bit: bool | None = None) -> None:
-    """Changes NEURONLOCAL_STRICT / NEURONLOCAL_DOWNCAST_64BIT behaviour at run time."""
+def _set_placement(placement: str) -> None:
+    if placement == "native":
+        _C._set_op_placement({}, 0)
+    else:
+        _C._set_op_placement(ops.decisions(), ops.OTHER_NAMESPACES)
+
+
+def set_policy(*, strict: bool | None = None, downcast_64bit: bool | None = None,
+               placement: str | None = None) -> None:
+    """Changes NEURONLOCAL_STRICT / NEURONLOCAL_DOWNCAST_64BIT / NEURONLOCAL_OP_PLACEMENT
+    behaviour at run time."""
     import neuronlocal
 
+    if placement is not None and placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r}: use one of {', '.join(PLACEMENTS)}")
     cfg = neuronlocal.config
-    cfg = dataclasses.replace(
+    new = dataclasses.replace(
         cfg,
         strict=cfg.strict if strict is None else strict,
         downcast_64bit=cfg.downcast_64bit if downcast_64bit is None else downcast_64bit,
+        placement=cfg.placement if placement is None else placement,
     )
-    neuronlocal.config = cfg
-    _C._set_policy(cfg.downcast_64bit, cfg.strict)
+    neuronlocal.config = new
+    _C._set_policy(new.downcast_64bit, new.strict)
+    if new.placement != cfg.placement:
+        _set_placement(new.placement)
 
 
 def _print_on_host() -> None:

@@ -1,11 +1,18 @@
-"""Kernels where Trainium's device kernel accepts more than ATen's CPU kernel does.
+"""Kernels where Trainium differs from ATen's CPU kernel in what a user can see.
 
-Device code written for accelerators (CUDA, Neuron) uses dtypes the CPU kernels reject;
-transformers' MoE routing, for one, calls `torch.histc` on int32 expert ids on every device
-but cpu/mps. These run the CPU kernel in a dtype it supports and return the device's dtype.
+- Device code written for accelerators (CUDA, Neuron) uses dtypes the CPU kernels reject;
+  transformers' MoE routing, for one, calls `torch.histc` on int32 expert ids on every
+  device but cpu/mps. These run the CPU kernel in a dtype it supports and return the
+  device's dtype.
+- Ops that compute in float64 by definition (`float_power`): Trainium computes them in
+  float32 (the 64-bit rule), so they warn once per op when that rule is on. They stay
+  composites: the kernel warns, then runs torch's own decomposition.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any
 
 import torch
 
@@ -28,9 +35,37 @@ def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) 
     return _C._bridge_out([out], self.device.index)[0]
 
 
+_warned: set[str] = set()
+
+
+def _float64_kernel(name: str) -> Any:
+    pkt, _, overload = name[len("aten::"):].partition(".")
+    op = getattr(getattr(torch.ops.aten, pkt), overload or "default")
+    composite = torch._C.DispatchKey.CompositeImplicitAutograd
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        import neuronlocal
+
+        if neuronlocal.config.downcast_64bit and name not in _warned:
+            _warned.add(name)
+            warnings.warn(f"{name} computes in float64 by definition, and Trainium computes "
+                          "float64 as float32 (the 64-bit rule), so its results differ from "
+                          "CPU's beyond float32 precision. NEURONLOCAL_DOWNCAST_64BIT=0 keeps "
+                          "64 bits.", stacklevel=2)
+        return op._op_dk(composite, *args, **kwargs)
+
+    return kernel
+
+
 def register() -> None:
     global _lib
     if _lib is not None:
         return
+    from neuronlocal.eager import ops
+
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("histc", _histc, "PrivateUse1")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in sorted(ops.float64_ops()):
+        if has(name, "CompositeImplicitAutograd") and not has(name, "AutogradPrivateUse1"):
+            _lib.impl(name[len("aten::"):], _float64_kernel(name), "AutogradPrivateUse1")

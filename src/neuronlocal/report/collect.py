@@ -28,7 +28,7 @@ from neuronlocal.report import metrics as report_metrics
 
 SCHEMA = 1
 MAX_TIMELINE_POINTS = 1500
-_FALLBACK = re.compile(r"^(aten::\S+) executed via CPU fallback")
+_FALLBACK = re.compile(r"^(\S+::\S+) executed via CPU fallback")
 _BREAK_AT = re.compile(r"in user code at (.+?):(\d+)")
 _BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 
@@ -93,7 +93,7 @@ class Collector:
             self._break_logger.setLevel(logging.DEBUG)
         # The C++ core warns once per fallback op; make sure that warning is shown (and so
         # seen here) even under an "ignore" or "default" filter that already saw it.
-        warnings.filterwarnings("always", message=r"aten::\S+ executed via CPU fallback")
+        warnings.filterwarnings("always", message=r"\S+::\S+ executed via CPU fallback")
         warnings.showwarning = self._showwarning
         self.state.started = time.time()
         self.estimate = estimate_capture.start()  # estimated Trainium time per step and graph
@@ -159,9 +159,12 @@ def _fallbacks(sites: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     from neuronlocal.eager import tracking
 
     out = []
+    traffic = tracking.get_fallback_traffic()
     for op, count in sorted(tracking.get_fallback_ops().items(), key=lambda kv: -kv[1]):
         site = sites.get(op, {"file": "", "line": 0, "source": ""})
-        out.append({"op": op, "count": count, **site})
+        t = traffic.get(op, {})
+        out.append({"op": op, "count": count, "to_host_bytes": t.get("to_host", 0),
+                    "from_host_bytes": t.get("from_host", 0), **site})
     return out
 
 

@@ -43,6 +43,12 @@ def _site(e: dict[str, Any]) -> str:
     return f"{e['file']}:{e['line']}" if e.get("file") else "(not captured)"
 
 
+def per_call(f: dict[str, Any]) -> str:
+    """Bytes a host fallback copies to the host and back, per call (its cost on Trainium)."""
+    n = max(1, f["count"])
+    return f"{mib(f.get('to_host_bytes', 0) / n)} / {mib(f.get('from_host_bytes', 0) / n)}"
+
+
 def _shapes(shapes: list[Any]) -> str:
     text = ", ".join("x".join(str(n) for n in s) or "scalar" for s in shapes)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -135,8 +141,8 @@ def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
           [rk(r) + [str(b["count"]), b["reason"], _site(b), b["source"]]
            for r in rep["ranks"] for b in r["graph_breaks"]])
     table("CPU-fallback ops (run on the host on Trainium)",
-          rank_col + ["op", "count", "first call site", "source"],
-          [rk(r) + [f["op"], str(f["count"]), _site(f), f["source"]]
+          rank_col + ["op", "count", "to / from host per call", "first call site", "source"],
+          [rk(r) + [f["op"], str(f["count"]), per_call(f), _site(f), f["source"]]
            for r in rep["ranks"] for f in r["fallback_ops"]])
     table("64-bit ops computed as 32-bit", rank_col + ["op", "count"],
           [rk(r) + [op, str(n)] for r in rep["ranks"] for op, n in r["downcast_ops"].items()],
@@ -308,9 +314,11 @@ def html_page(rep: dict[str, Any]) -> str:
     parts.append(_table(rc + ["count", "reason", "where", "source"],
                         [rk(r) + [b["count"], b["reason"], _site(b), b["source"]]
                          for r in ranks for b in r["graph_breaks"]], "no graph breaks"))
-    parts.append("<h2>CPU-fallback ops</h2><p>On Trainium these run on the host CPU.</p>")
-    parts.append(_table(rc + ["op", "count", "first call site", "source"],
-                        [rk(r) + [f["op"], f["count"], _site(f), f["source"]]
+    parts.append("<h2>CPU-fallback ops</h2><p>On Trainium these run on the host CPU: each "
+                 "call copies its inputs to the host and its results back.</p>")
+    parts.append(_table(rc + ["op", "count", "to / from host per call", "first call site",
+                              "source"],
+                        [rk(r) + [f["op"], f["count"], per_call(f), _site(f), f["source"]]
                          for r in ranks for f in r["fallback_ops"]], "no CPU fallbacks"))
     parts.append("<h2>64-bit ops computed as 32-bit</h2>")
     parts.append(_table(rc + ["op", "count"], [rk(r) + [op, n] for r in ranks

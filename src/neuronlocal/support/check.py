@@ -94,6 +94,26 @@ def memory_fit(cfg: Any, arch: str) -> Fit:
     return Fit(params, weights, train, smallest(weights), smallest(train))
 
 
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def print_fallbacks(calls: dict[str, int], traffic: dict[str, dict[str, int]]) -> None:
+    """Host-fallback ops with calls and the bytes each call copies to the host and back."""
+    if not calls:
+        print("CPU-fallback ops: none (every op has a Trainium device kernel)")
+        return
+    print("CPU-fallback ops (TorchNeuron runs them on the host; `neuronlocal ops OP` says why):")
+    print(f"  {'op':<44}{'calls':>7}  {'to host / call':>15}  {'from host / call':>16}")
+    for op, n in sorted(calls.items(), key=lambda kv: -kv[1]):
+        t = traffic.get(op, {})
+        print(f"  {op:<44}{n:>7}  {_size(t.get('to_host', 0) / max(1, n)):>15}  "
+              f"{_size(t.get('from_host', 0) / max(1, n)):>16}")
+
+
 def run(config: str | None, model_dir: str | None, model_type: str | None) -> int:
     from neuronlocal.support.models import check_model
 
@@ -118,7 +138,7 @@ def run(config: str | None, model_dir: str | None, model_type: str | None) -> in
               f"{(m.error or '').splitlines()[0] if m.error else ''}")
     print(f"\ncompiles: {rep.compiles} graphs; peak HBM (tiny copy): "
           f"{rep.peak_hbm / 2**20:.2f} MiB on neuron:0; wall time {rep.seconds:.1f}s")
-    print(f"CPU-fallback ops: {rep.fallback_ops or 'none'}")
+    print_fallbacks(rep.fallback_ops, rep.fallback_traffic)
     print(f"64-bit downcasts: {rep.downcast_ops or 'none'}")
     estimated = estimate_view.text(cap.snapshot())
     if estimated:

@@ -109,6 +109,7 @@ class ModelReport:
     cores: int = 1
     params: int = 0
     fallback_ops: dict[str, int] = field(default_factory=dict)
+    fallback_traffic: dict[str, dict[str, int]] = field(default_factory=dict)  # bytes, calls
     downcast_ops: dict[str, int] = field(default_factory=dict)
     error: str | None = None
 
@@ -160,6 +161,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
 
     import torch_neuronx
     from neuronlocal.compile import metrics
+    from neuronlocal.eager.tracking import get_fallback_traffic
 
     rep = ModelReport(model_type, architecture)
     start = time.perf_counter()
@@ -226,6 +228,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     rep.compiles = torch.neuron.get_dynamo_metrics()["num_graphs"]  # hits compile on Trainium too
     rep.peak_hbm = torch.neuron.max_memory_allocated()
     rep.fallback_ops = torch_neuronx.get_fallback_ops()
+    rep.fallback_traffic = get_fallback_traffic()
     rep.downcast_ops = torch_neuronx.get_downcast_ops()
     rep.status = classify(rep)
     return rep

@@ -134,6 +134,8 @@ class Result:
     grad: bool = False  # gradients were compared
     variants: tuple[str, ...] = ()  # in-place / out= variants compared
     seconds: float = 0.0
+    ops: tuple[str, ...] = ()  # ATen ops that ran on neuron (their placement: eager.ops)
+    fallbacks: tuple[str, ...] = ()  # those TorchNeuron would run on the host
 
     @property
     def id(self) -> str:
@@ -173,18 +175,35 @@ def cases(names: tuple[str, ...] | None = None) -> list[tuple[Any, str]]:
 
 @contextlib.contextmanager
 def sweep_policy() -> Iterator[None]:
-    """64-bit downcast off (exact int64 comparison), not strict, warnings silenced."""
+    """64-bit downcast off (exact int64 comparison), not strict, Trainium's op placement
+    (so fallbacks are recorded), warnings silenced."""
     import neuronlocal
     from neuronlocal.eager import set_policy
 
     cfg = neuronlocal.config
-    set_policy(downcast_64bit=False, strict=False)
+    set_policy(downcast_64bit=False, strict=False, placement="trainium")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        set_policy(downcast_64bit=cfg.downcast_64bit, strict=cfg.strict)
+        set_policy(downcast_64bit=cfg.downcast_64bit, strict=cfg.strict,
+                   placement=cfg.placement)
+
+
+@contextlib.contextmanager
+def tracked(res: Result) -> Iterator[None]:
+    """Records in `res` the ATen ops that ran on neuron and those that fell back to the host
+    (op tracking is cleared first: the counts of the process are not kept)."""
+    from neuronlocal.eager import tracking
+
+    tracking.clear_op_tracking()
+    try:
+        yield
+    finally:
+        res.ops = tuple(sorted(tracking.get_executed_ops()))
+        res.fallbacks = tuple(sorted(tracking.get_fallback_ops()))
+        tracking.clear_op_tracking()
 
 
 # ---- moving samples ----------------------------------------------------------------------
@@ -314,24 +333,24 @@ def compare(actual: Any, expected: Any, what: str, values: bool = True,
                 raise AssertionError(f"{where}: neuron {a!r} vs CPU {e!r}")
 
 
-def _diff_outputs(out: Any) -> list[torch.Tensor]:
+def diff_outputs(out: Any) -> list[torch.Tensor]:
     leaves, _ = tree_flatten(out)
     return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad
             and (t.is_floating_point() or t.is_complex())]
 
 
-def _leaves(obj: Any) -> list[torch.Tensor]:
+def grad_leaves(obj: Any) -> list[torch.Tensor]:
     leaves, _ = tree_flatten(obj)
     return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
 
 
 def _grads(out: Any, inputs: Any, weights: list[torch.Tensor]) -> tuple:
-    outs = _diff_outputs(out)
-    leaves = _leaves(inputs)
+    outs = diff_outputs(out)
+    leaves = grad_leaves(inputs)
     return torch.autograd.grad(outs, leaves, weights, allow_unused=True)
 
 
-def _short(e: BaseException) -> str:
+def short_error(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     text = " ".join(lines[:4])
     return f"{type(e).__name__}: {text[:400]}"
@@ -348,7 +367,7 @@ def run_case(op: Any, dtype_name: str, max_samples: int | None = None) -> Result
     if name in SKIPS:
         res.status, res.detail = "skip", SKIPS[name]
         return res
-    with sweep_policy():
+    with sweep_policy(), tracked(res):
         _run(op, DTYPES[dtype_name], max_samples, res)
     res.seconds = time.perf_counter() - t0
     return res
@@ -360,7 +379,7 @@ def _run(op: Any, dtype: torch.dtype, max_samples: int | None, res: Result) -> N
     try:
         samples = list(op.sample_inputs("cpu", dtype, requires_grad=grad))
     except Exception as e:  # noqa: BLE001
-        res.status, res.detail = "cpu-fail", f"sample_inputs: {_short(e)}"
+        res.status, res.detail = "cpu-fail", f"sample_inputs: {short_error(e)}"
         return
     if max_samples is not None:
         samples = samples[:max_samples]
@@ -380,7 +399,7 @@ def _run(op: Any, dtype: torch.dtype, max_samples: int | None, res: Result) -> N
                 with RandomOpDetector() as det:
                     c_out = _call(op, (c_in[0], *c_in[1]), c_in[2])
             except Exception as e:  # noqa: BLE001
-                cpu_error = cpu_error or _short(e)
+                cpu_error = cpu_error or short_error(e)
                 continue
             res.samples += 1
             values = not (det.random or value_skip)
@@ -402,7 +421,7 @@ def _run(op: Any, dtype: torch.dtype, max_samples: int | None, res: Result) -> N
                     variants.add("out=")
         except Exception as e:  # noqa: BLE001
             res.status = "fail"
-            res.detail = f"sample {i} {stage}: {_short(e)}"
+            res.detail = f"sample {i} {stage}: {short_error(e)}"
             res.variants = tuple(sorted(variants))
             return
     res.variants = tuple(sorted(variants))
@@ -419,12 +438,12 @@ def _run(op: Any, dtype: torch.dtype, max_samples: int | None, res: Result) -> N
 def _check_grad(s: Any, c_in: Any, c_out: Any, n_in: Any, n_out: Any, res: Result,
                 i: int) -> None:
     c_o = s.output_process_fn_grad(c_out)
-    if not _diff_outputs(c_o) or not _leaves(c_in):
+    if not diff_outputs(c_o) or not grad_leaves(c_in):
         return
     gen = torch.Generator().manual_seed(i)
     weights = [torch.randn(o.shape, dtype=o.dtype, generator=gen) if not o.is_complex()
                else torch.randn(o.shape, dtype=o.dtype, generator=gen)
-               for o in _diff_outputs(c_o)]
+               for o in diff_outputs(c_o)]
     try:
         c_g = _grads(c_o, c_in, weights)
     except Exception:  # noqa: BLE001  (backward unsupported on CPU: nothing to compare)

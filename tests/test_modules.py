@@ -1,0 +1,90 @@
+"""PyTorch's ModuleInfo database on neuron vs CPU (logic: neuronlocal.support.module_sweep).
+
+- `test_module_ci`: a fixed subset (CI_MODULES), a few inputs per pair, runs by default.
+- `test_module_full`: every ModuleInfo of module_db, all inputs; marked slow and run only
+  when selected (`pytest -m slow`) or with NEURONLOCAL_OPINFO_FULL=1.
+  `tools/op_support.py --sweep modules` runs the same sweep and publishes it in
+  docs/op-support.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from neuronlocal.support import module_sweep as sweep
+
+
+def _params(names: tuple[str, ...] | None) -> list:
+    params = []
+    for info, dtype in sweep.cases(names):
+        marks = []
+        if info.name in sweep.KNOWN_FAILURES:
+            marks.append(pytest.mark.xfail(reason=sweep.KNOWN_FAILURES[info.name], strict=False))
+        params.append(pytest.param(info, dtype, id=f"{info.name}-{dtype}", marks=marks))
+    return params
+
+
+def _check(info, dtype: str, max_inputs: int | None) -> None:
+    r = sweep.run_case(info, dtype, max_inputs)
+    if r.status == "skip":
+        pytest.skip(r.detail)
+    if r.status == "cpu-fail":
+        pytest.skip(f"fails on CPU too: {r.detail}")
+    if r.status == "fail":
+        pytest.fail(f"{r.id}: neuron-only failure: {r.detail}", pytrace=False)
+    assert r.samples > 0
+
+
+@pytest.mark.parametrize(("info", "dtype"), _params(sweep.CI_MODULES))
+def test_module_ci(info, dtype):
+    _check(info, dtype, sweep.CI_MAX_INPUTS)
+
+
+@pytest.fixture
+def _full_sweep_selected(request):
+    markexpr = request.config.getoption("markexpr", "") or ""
+    if "slow" not in markexpr and os.environ.get("NEURONLOCAL_OPINFO_FULL") != "1":
+        pytest.skip("full ModuleInfo sweep: select it with -m slow or NEURONLOCAL_OPINFO_FULL=1")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("_full_sweep_selected")
+@pytest.mark.parametrize(("info", "dtype"), _params(None))
+def test_module_full(info, dtype):
+    _check(info, dtype, None)
+
+
+def test_ci_subset_is_fixed_and_known():
+    by_name = sweep.modules_by_name()
+    missing = [n for n in sweep.CI_MODULES if n not in by_name]
+    assert not missing, f"CI_MODULES names not in module_db: {missing}"
+    assert 15 <= len(sweep.CI_MODULES) <= 40
+    for table in (sweep.SKIPS, sweep.KNOWN_FAILURES):
+        assert all(isinstance(r, str) and r for r in table.values()), "every skip has a reason"
+
+
+def test_a_wrong_neuron_result_fails():
+    """The comparison can fail: a module whose neuron forward differs from CPU's."""
+
+    class Off(torch.nn.Linear):
+        def forward(self, input):
+            out = super().forward(input)
+            return out + 1 if out.device.type == "neuron" else out
+
+    info = sweep.modules_by_name()["nn.Linear"]
+    fake = type(info)(Off, module_inputs_func=info.module_inputs_func)
+    r = sweep.run_case(fake, "float32", 1)
+    assert r.status == "fail" and "output[0]" in r.detail
+
+
+def test_a_16_bit_mismatch_is_judged_against_float64():
+    """In bfloat16, neuron may differ from CPU where ATen takes another path on devices (the
+    fused RNN cells): it passes only if it is no further from a float64 run than CPU."""
+    c = {"x": torch.tensor([1.0, 2.0])}
+    ref = {"x": torch.tensor([1.0, 2.0], dtype=torch.float64)}
+    sweep._no_worse_than_cpu({"x": torch.tensor([1.0, 2.02])}, c, ref, torch.bfloat16, "s")
+    with pytest.raises(AssertionError, match="neuron is 0.5 from the float64 run, CPU 0"):
+        sweep._no_worse_than_cpu({"x": torch.tensor([1.0, 2.5])}, c, ref, torch.bfloat16, "s")

@@ -65,7 +65,7 @@ class Case:
     sides: tuple[str, str] = ("cpu", "neuron")
     speedup: bool = False
     per_call: float | None = None
-    unit: str = "ms"
+    rate_unit: str = "per s"
 
 
 @dataclass
@@ -94,6 +94,7 @@ class Result:
     goal: str | None
     met: bool | None
     rate: tuple[float, float] | None  # per second, when the case counts items per call
+    rate_unit: str = "per s"
 
 
 # ---- worker side -------------------------------------------------------------------------
@@ -162,14 +163,18 @@ def measure(script: str, case: Case, args: argparse.Namespace,
             progress()
         ta.append(got[a_side])
         tb.append(got[b_side])
-    ratios = [a / b if case.speedup else b / a for a, b in zip(ta, tb, strict=True)]
-    ratio = Stat.of(ratios)
+    return summarize(case, ta, tb)
+
+
+def summarize(case: Case, ta: Sequence[float], tb: Sequence[float]) -> Result:
+    """Medians, spreads and the per-round ratio of paired times (seconds per call)."""
+    ratio = Stat.of([a / b if case.speedup else b / a for a, b in zip(ta, tb, strict=True)])
     rate = None
     if case.per_call:
         rate = (case.per_call / statistics.median(ta), case.per_call / statistics.median(tb))
     return Result(case.name, case.sides, Stat.of(ta), Stat.of(tb), ratio,
                   str(case.goal) if case.goal else None,
-                  case.goal.met(ratio.median) if case.goal else None, rate)
+                  case.goal.met(ratio.median) if case.goal else None, rate, case.rate_unit)
 
 
 def table(results: Sequence[Result], title: str) -> None:
@@ -184,7 +189,7 @@ def table(results: Sequence[Result], title: str) -> None:
         mark = "" if r.met is None else (" ok" if r.met else " MISSED")
         extra = ""
         if r.rate:
-            extra = f"\n{r.rate[0]:.1f} / {r.rate[1]:.1f} per s"
+            extra = f"\n{r.rate[0]:.3g} / {r.rate[1]:.3g} {r.rate_unit}"
         t.add_row(r.case + extra, r.sides[0], f"{r.a.median * 1e3:.2f} ({r.a.spread:.0f}%)",
                   r.sides[1], f"{r.b.median * 1e3:.2f} ({r.b.spread:.0f}%)",
                   f"{r.ratio.median:.3f} ({r.ratio.low:.2f}-{r.ratio.high:.2f})",

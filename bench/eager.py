@@ -1,71 +1,68 @@
-"""Eager mode cost: neuron / plain CPU, measured in the same run (issue 2 goals).
+"""Eager mode cost: neuron / plain CPU, each side in its own process (see _common.py).
 
-(a) tiny Llama forward (4 layers, hidden 256, batch 2x64): goal <= 1.5
-(b) Llama forward (8 layers, hidden 1024, batch 4x256):     goal <= 1.1
-(c) one training step of (a) (forward, backward, AdamW):    reported
-Run: python bench/eager.py [--quick]
+(a) tiny Llama forward (hidden 256, 4 layers, batch 2x64):                 goal <= 1.05
+(b) Llama forward (hidden 1024, 8 layers, batch 4x256):                    goal <= 1.05
+(c) training step of (a): forward, backward, AdamW (default: foreach):     goal <= 1.15
+(d) training step, Llama hidden 512, 4 layers, batch 4x128:                goal <= 1.03
+Run: python bench/eager.py [--quick] [--rounds N] [--only train]   (--quick: (a) and (c))
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import best_of, llama  # noqa: E402
+from _common import Case, Goal, llama, run_cases  # noqa: E402
 
 
-def forward_ratio(
-    hidden: int, layers: int, batch: int, seq: int, repeat: int
-) -> tuple[float, float]:
-    cpu = llama(hidden, layers)
-    dev = copy.deepcopy(cpu).to("neuron")
-    ids = torch.randint(0, 1000, (batch, seq))
-    ids_dev = ids.to("neuron")
-    with torch.no_grad():
-        t_cpu = best_of(lambda: cpu(ids).logits, repeat)
-        t_dev = best_of(lambda: dev(ids_dev).logits, repeat)
-    return t_cpu, t_dev
+def forward(side: str, hidden: int, layers: int, batch: int, seq: int) -> Callable[[], object]:
+    import torch
+
+    model = llama(hidden, layers).to(side)
+    ids = torch.randint(0, 1000, (batch, seq), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(side)
+
+    def run() -> object:
+        with torch.no_grad():
+            return model(ids).logits
+
+    return run
 
 
-def train_ratio(repeat: int) -> tuple[float, float]:
-    def step_fn(model: torch.nn.Module, ids: torch.Tensor):  # type: ignore[no-untyped-def]
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def train_step(side: str, hidden: int, layers: int, batch: int, seq: int
+               ) -> Callable[[], object]:
+    import torch
 
-        def step() -> None:
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    model = llama(hidden, layers).train().to(side)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # the default a user gets
+    ids = torch.randint(0, 1000, (batch, seq), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(side)
+    sync = torch.neuron.synchronize if side == "neuron" else (lambda: None)
 
-        return step
+    def run() -> None:
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()  # the optimizer's queued foreach run belongs to this step
 
-    cpu = llama(256, 4).train()
-    dev = copy.deepcopy(cpu).to("neuron")
-    ids = torch.randint(0, 1000, (2, 64))
-    t_cpu = best_of(step_fn(cpu, ids), repeat)
-    t_dev = best_of(step_fn(dev, ids.to("neuron")), repeat)
-    return t_cpu, t_dev
+    return run
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--quick", action="store_true", help="skip the large model")
-    p.add_argument("--repeat", type=int, default=10)
-    args = p.parse_args()
-    rows = [("(a) tiny Llama forward", *forward_ratio(256, 4, 2, 64, args.repeat), 1.5)]
-    if not args.quick:
-        rows.append(("(b) Llama-1024x8 forward", *forward_ratio(1024, 8, 4, 256, 3), 1.1))
-    rows.append(("(c) tiny Llama train step", *train_ratio(args.repeat), None))
-    print(f"{'case':<28}{'cpu ms':>10}{'neuron ms':>11}{'ratio':>8}{'goal':>8}")
-    for name, t_cpu, t_dev, goal in rows:
-        g = f"<={goal}" if goal else "-"
-        print(f"{name:<28}{t_cpu * 1e3:>10.2f}{t_dev * 1e3:>11.2f}{t_dev / t_cpu:>8.2f}{g:>8}")
+def cases(quick: bool) -> list[Case]:
+    tiny = {"hidden": 256, "layers": 4, "batch": 2, "seq": 64}
+    out = [Case("(a) tiny Llama forward", forward, tiny, Goal("<=", 1.05))]
+    if not quick:
+        out.append(Case("(b) Llama-1024x8 forward 4x256", forward,
+                        {"hidden": 1024, "layers": 8, "batch": 4, "seq": 256}, Goal("<=", 1.05)))
+    out.append(Case("(c) tiny Llama train step", train_step, tiny, Goal("<=", 1.15)))
+    if not quick:
+        out.append(Case("(d) Llama-512x4 train step 4x128", train_step,
+                        {"hidden": 512, "layers": 4, "batch": 4, "seq": 128}, Goal("<=", 1.03)))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    run_cases(__file__, cases, title="eager: neuron / cpu", description=__doc__)

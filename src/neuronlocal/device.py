@@ -164,8 +164,10 @@ def get_device_capability(device: Device = None) -> tuple[int, int]:
 
 
 def synchronize(device: Device = None) -> None:
-    """Waits for queued work; execution on the host is synchronous, so this returns at once."""
+    """Waits for queued work: ops run on the host as they are called, except runs of foreach
+    ops (optimizer steps), which are queued and fused per tensor."""
     device_index(device)
+    _C._synchronize()
 
 
 # ---- streams and events -------------------------------------------------------------------

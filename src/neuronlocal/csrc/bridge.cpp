@@ -53,6 +53,7 @@ const at::Tensor& cached_alias(const at::Tensor& t) {
 // differentiable call marks its aliases as graph leaves).
 std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args,
                                                   bool reuse) {
+  settle();  // queued foreach ops (an optimizer step) write bytes the graph may read
   std::vector<py::object> out;
   out.reserve(args.size());
   int index = -1;

@@ -49,6 +49,7 @@ struct OpInfo {
   std::string host_name;      // the op TorchNeuron runs on CPU (this one, or a piece)
   bool allow_cpu = false;     // CPU index tensors are accepted (as CUDA does)
   int generator_arg = -1;
+  ForeachKind foreach = ForeachKind::None;  // queued and fused per tensor (foreach.cpp)
   std::vector<bool> write;    // per argument: mutated by the op
   std::atomic<int64_t> executed{0}, fallback{0}, downcast{0}, to_host{0}, from_host{0};
   std::atomic<bool> warned{false};
@@ -128,6 +129,7 @@ OpInfo& info_for(const c10::OperatorHandle& op) {
   info->exact = info->is_view || exact_ops().count(base) > 0;
   apply_placement(*info);
   info->allow_cpu = base.rfind("aten::index", 0) == 0 || base == "aten::_index_put_impl_";
+  info->foreach = foreach_kind(op);
   auto& ref = *info;
   g_infos.emplace(key, std::move(info));
   return ref;
@@ -254,7 +256,7 @@ struct Call {
     else if (dev.index() != index) {
       mixed_devices(info, {kNeuron, index}, dev, op_arg_name(arg));
     }
-    Input x{t, cpu_alias(t), {}, write};
+    Input x{t, alias_of(t), {}, write};
     x.compute = x.alias;
     if (g_downcast && !info.exact) {
       auto st = t.scalar_type();
@@ -388,6 +390,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpInfo& info = info_for(op);
   info.executed++;
   if (info.cpu_fallback) on_cpu_fallback(info);
+  if (info.foreach != ForeachKind::None && queue_foreach(op, info.foreach, stack)) return;
+  settle();
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t base = stack->size() - n;
@@ -465,6 +469,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<bool> /*pin*/, std::optional<at::MemoryFormat> mf) {
   if (layout && *layout != at::kStrided) unsupported("aten::empty", layout_kind(*layout));
   if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty", "quantized");
+  settle();  // queued ops may hold the last reference to memory: free it before allocating
   IndexGuard g(device);
   return at::detail::empty_generic(size, allocator(),
                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -476,6 +481,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::Device> device, std::optional<bool> /*pin*/) {
   if (layout && *layout != at::kStrided) unsupported("aten::empty_strided", layout_kind(*layout));
   if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty_strided", "quantized");
+  settle();
   IndexGuard g(device);
   return at::detail::empty_strided_generic(size, stride, allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -490,6 +496,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
                          std::optional<at::MemoryFormat> mf) {
+  settle();
   IndexGuard g(self.device());
   return at::native::resize_(self, size, mf);
 }
@@ -627,6 +634,11 @@ std::vector<std::unique_ptr<torch::Library>>& direct_libs() {
 }  // namespace
 
 at::Tensor cpu_alias(const at::Tensor& t) {
+  settle();
+  return alias_of(t);
+}
+
+at::Tensor alias_of(const at::Tensor& t) {
   auto* impl = t.unsafeGetTensorImpl();
   const auto& st = impl->storage();
   auto* sti = st.unsafeGetStorageImpl();
@@ -732,6 +744,14 @@ void register_kernels() {
   lib->impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
   lib->impl("record_stream", TORCH_FN(record_stream));
   lib->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  // Foreach ops have a composite kernel that loops over the list, one neuron op per tensor
+  // (an optimizer step would be hundreds of dispatches); direct, each is one host call of
+  // CPU's foreach kernel on aliases, and the elementwise ones can be queued (foreach.cpp).
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
+    auto full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    lib->impl(full.c_str() + 6, torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
   direct_libs().push_back(std::move(lib));
   at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&fused_sdp_choice);
   auto fb = std::make_unique<torch::Library>(torch::Library::IMPL, "_",

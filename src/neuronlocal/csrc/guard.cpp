@@ -8,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
@@ -76,9 +77,11 @@ struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::DeviceIndex deviceCount() const noexcept override { return g_count.load(); }
 
-  // Execution is synchronous on the host, so an event completes when it is recorded.
+  // Execution is synchronous on the host (queued foreach runs are run first), so an event
+  // completes when it is recorded and synchronizing has nothing to wait for.
   void record(void** event, const c10::Stream& /*stream*/, const c10::DeviceIndex /*index*/,
               const c10::EventFlag /*flag*/) const override {
+    settle();
     if (*event == nullptr) *event = new Event();
     auto* e = static_cast<Event*>(*event);
     e->when = std::chrono::steady_clock::now();
@@ -91,8 +94,8 @@ struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
   }
   void synchronizeEvent(void* /*event*/) const override {}
   bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
-  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
-  void synchronizeDevice(const c10::DeviceIndex /*index*/) const override {}
+  void synchronizeStream(const c10::Stream& /*stream*/) const override { settle(); }
+  void synchronizeDevice(const c10::DeviceIndex /*index*/) const override { settle(); }
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
   double elapsedTime(void* a, void* b, const c10::DeviceIndex /*index*/) const override {
     TORCH_CHECK(a && b, "Both events must be recorded before calculating elapsed time.");
@@ -196,6 +199,14 @@ void register_guard_and_hooks() {
   // the process is gone, after static destructors have run ("pure virtual method called").
   c10::impl::registerDeviceGuard(kNeuron, new NeuronGuard());
   at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
+  // Backward passes run on the thread that calls backward(), as they do for CPU tensors.
+  // Autograd would otherwise hand neuron nodes to a worker thread per device; its host
+  // kernels then start a second OpenMP pool next to the caller's, and with more pool
+  // threads than cores OpenMP stops spinning between parallel regions: every region of
+  // the backward pass pays a futex sleep and wake (about 1400 per step of a small Llama).
+  // The setting is the importing thread's (autograd keeps it per thread);
+  // torch.autograd.set_multithreading_enabled(True) restores the worker threads.
+  c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }
 
 }  // namespace neuron

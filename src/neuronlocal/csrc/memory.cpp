@@ -187,10 +187,45 @@ Block* account(c10::DeviceIndex index, int64_t nbytes) {
   return b;
 }
 
+c10::Allocator* host_inner();
+
+// Host buffers of freed blocks, by size class, for the next allocation of that class: the
+// host side of the cache the accounting models. Without it every optimizer step would map
+// its temporaries afresh (page faults, zeroed pages), which plain CPU avoids through
+// malloc's own reuse. Capped; empty_cache() releases them.
+constexpr int64_t kHostCacheCap = 256 * kMiB;
+std::unordered_map<int64_t, std::vector<c10::DataPtr>>& host_cache() {
+  static auto* m = new std::unordered_map<int64_t, std::vector<c10::DataPtr>>();
+  return *m;
+}
+int64_t g_host_cached = 0;
+
+c10::DataPtr host_buffer(int64_t size) {
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    auto it = host_cache().find(size);
+    if (it != host_cache().end() && !it->second.empty()) {
+      auto dp = std::move(it->second.back());
+      it->second.pop_back();
+      g_host_cached -= size;
+      return dp;
+    }
+  }
+  return host_inner()->allocate(size);
+}
+
+// Called with mu() held.
+void recycle(Block* b) {
+  if (!b->host || g_host_cached + b->size > kHostCacheCap) return;
+  g_host_cached += b->size;
+  host_cache()[b->size].push_back(std::move(b->host));
+}
+
 void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   if (b->size) {
     std::lock_guard<std::mutex> lock(mu());
+    recycle(b);
     auto& cs = cores();
     if (static_cast<size_t>(b->index) < cs.size()) {
       Core& c = cs[b->index];
@@ -208,7 +243,6 @@ void free_block(void* ctx) {
   delete b;
 }
 
-c10::Allocator* host_inner();
 
 struct NeuronAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
@@ -218,7 +252,7 @@ struct NeuronAllocator final : public c10::Allocator {
     if (n == 0) return c10::DataPtr(nullptr, dev);
     Block* b = account(index, static_cast<int64_t>(n));
     try {
-      b->host = host_inner()->allocate(n);
+      b->host = host_buffer(b->size);
     } catch (...) {
       free_block(b);
       throw;
@@ -399,8 +433,13 @@ void reset_accumulated(c10::DeviceIndex index) {
 }
 
 void empty_cache(c10::DeviceIndex index) {
-  std::lock_guard<std::mutex> lock(mu());
-  release_cache(core(index));
+  std::unordered_map<int64_t, std::vector<c10::DataPtr>> drop;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    release_cache(core(index));
+    drop.swap(host_cache());
+    g_host_cached = 0;
+  }
 }
 
 std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index) {

@@ -35,10 +35,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_device", [](int i) { neuron::set_current_device(static_cast<c10::DeviceIndex>(i)); });
   m.def("_check_index", [](int i) { neuron::check_index(static_cast<c10::DeviceIndex>(i)); });
   m.def("_default_generator", [](int i) { return neuron::default_generator(static_cast<c10::DeviceIndex>(i)); });
-  m.def("_memory_stats", [](int i) { return neuron::memory_stats(static_cast<c10::DeviceIndex>(i)); });
-  m.def("_reset_peak", [](int i) { neuron::reset_peak(static_cast<c10::DeviceIndex>(i)); });
+  // Memory queries first run queued foreach ops, whose arguments may be the last references
+  // to tensors the caller already dropped: the numbers are those of ops run one by one.
+  m.def("_memory_stats", [](int i) {
+    neuron::settle();
+    return neuron::memory_stats(static_cast<c10::DeviceIndex>(i));
+  });
+  m.def("_reset_peak", [](int i) {
+    neuron::settle();
+    neuron::reset_peak(static_cast<c10::DeviceIndex>(i));
+  });
   m.def("_reset_accumulated", [](int i) { neuron::reset_accumulated(static_cast<c10::DeviceIndex>(i)); });
-  m.def("_empty_cache", [](int i) { neuron::empty_cache(static_cast<c10::DeviceIndex>(i)); });
+  m.def("_empty_cache", [](int i) {
+    neuron::settle();
+    neuron::empty_cache(static_cast<c10::DeviceIndex>(i));
+  });
+  m.def("_synchronize", &neuron::settle, "run queued work (foreach runs)");
   m.def("_memory_timeline", [](int i) { return neuron::memory_timeline(static_cast<c10::DeviceIndex>(i)); });
   m.def("_set_timeline", &neuron::set_timeline);
   m.def("_set_host_core", [](int i) {

@@ -5,6 +5,7 @@
 //   guard.cpp    device guard (current device, device count, streams, events) and hooks
 //   memory.cpp   allocator over host memory with per-core HBM accounting and OOM
 //   dispatch.cpp the boxed CPU fallback on zero-copy aliases, and the few explicit kernels
+//   foreach.cpp  runs of elementwise foreach ops (optimizer steps), fused per tensor
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,6 +13,10 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/Storage.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <atomic>
 #include <map>
 #include <string>
 #include <vector>
@@ -56,10 +61,13 @@ std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index);
 void set_timeline(bool on);
 
 // ---- dispatch.cpp ----------------------------------------------------------
-// A CPU tensor over the bytes of a neuron tensor (no copy, keeps them alive).
+// A CPU tensor over the bytes of a neuron tensor (no copy, keeps them alive). Runs queued
+// foreach ops first (see settle()): use it for every read of neuron bytes outside dispatch.
 at::Tensor cpu_alias(const at::Tensor& t);
 // The neuron storage a CPU storage made by cpu_alias() stands for, or nullptr.
 c10::StorageImpl* alias_source(const c10::Storage& cpu);
+// The same alias without settling: for the dispatch path, which settles once per op.
+at::Tensor alias_of(const at::Tensor& t);
 void register_kernels();
 void set_policy(bool downcast_64bit, bool strict);
 void set_op_placement(const std::map<std::string, std::pair<int, std::string>>& ops,
@@ -72,5 +80,20 @@ void clear_op_tracking();
 // Registers the boxed fallback directly for ops whose PrivateUse1 entry would otherwise
 // decompose into empty + out= (structured kernels), so they cost one dispatch, not two.
 void register_direct(const std::vector<std::string>& names);
+
+// ---- foreach.cpp -----------------------------------------------------------
+enum class ForeachKind { None, InPlace, OutOfPlace };
+// Whether `op` is an elementwise foreach op that may be queued, and of which kind.
+ForeachKind foreach_kind(const c10::OperatorHandle& op);
+// Queues the call on `stack` (leaving its results there) when its arguments allow; false
+// when it must run now, through the normal path.
+bool queue_foreach(const c10::OperatorHandle& op, ForeachKind kind, torch::jit::Stack* stack);
+void run_queued_foreach();
+extern std::atomic<bool> g_foreach_queued;
+// Runs queued foreach ops, if any. Everything that reads or frees neuron bytes outside a
+// queued op calls it first: dispatch of any other op, copies, aliases, memory queries.
+inline void settle() {
+  if (g_foreach_queued.load(std::memory_order_acquire)) run_queued_foreach();
+}
 
 }  // namespace neuron

@@ -1,10 +1,10 @@
 """`nki_op` and `wrap_nki`: TorchNeuron's way to expose kernels as PyTorch ops (spec 5.1).
 
 On Trainium the kernel body is NKI compiled by neuronx-cc. Here it is Python/PyTorch code
-run on the host. `nki_op` builds a `torch.library` custom op whose neuron implementation
-runs the body once on zero-copy CPU aliases of the neuron arguments and adopts the results
-as neuron tensors: intermediate ops never go through the neuron dispatch, so a fused body
-costs one dispatch instead of one per op. The same body is the CPU implementation, which is
+run on the host. `nki_op` builds a `torch.library` custom op whose body is its CPU kernel;
+on neuron the C++ eager fallback runs it once on zero-copy CPU aliases of the neuron
+arguments and adopts the results as neuron tensors: intermediate ops never go through the
+neuron dispatch, so a fused body costs one dispatch instead of one per op. The same body is the CPU implementation, which is
 what runs inside `torch.compile(backend="neuron")` (the compiled graph runs on CPU aliases),
 where the op stays one graph node. The fake implementation defaults to the body itself run
 on fake tensors (shape/dtype inference without data).
@@ -109,15 +109,12 @@ def nki_op(
                 "annotate them (torch.Tensor, int, float, bool, ...) so a schema can be inferred."
             )
         kernel = _simulated(body)
+        # The body is the CPU kernel. On neuron the op reaches the C++ eager fallback like
+        # any ATen op: one call that hands the body CPU aliases and adopts its results (and
+        # records the op in op tracking), without Python glue around the body.
         op = torch.library.custom_op(
             name, mutates_args=mutates_args, device_types="cpu", schema=schema
         )(kernel)
-
-        @functools.wraps(body)
-        def on_neuron(*args: Any, **kwargs: Any) -> Any:
-            return host_call(kernel, *args, **kwargs)
-
-        op.register_kernel("neuron")(on_neuron)
         op.register_fake(kernel)  # the body on fake tensors infers shapes and dtypes
         return op
 

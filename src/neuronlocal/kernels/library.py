@@ -119,35 +119,34 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Te
 
 # ---------------------------------------------------------------- rotary embedding
 
-def _rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, sign: int) -> torch.Tensor:
-    """x*c + rotate_half(x)*s (sign=1) or its transpose (sign=-1), written into halves."""
-    h = x.shape[-1] // 2
-    out = torch.empty(torch.broadcast_shapes(x.shape, c.shape), device=x.device,
-                      dtype=torch.result_type(x, c))
-    x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
-    if sign > 0:   # [x1*c1 - x2*s1, x2*c2 + x1*s2]
-        torch.mul(x1, c[..., :h], out=o1).addcmul_(x2, s[..., :h], value=-1)
-        torch.mul(x2, c[..., h:], out=o2).addcmul_(x1, s[..., h:])
-    else:          # [g1*c1 + g2*s2, g2*c2 - g1*s1]
-        torch.mul(x1, c[..., :h], out=o1).addcmul_(x2, s[..., h:])
-        torch.mul(x2, c[..., h:], out=o2).addcmul_(x1, s[..., :h], value=-1)
-    return out
+def _signed_sin(s: torch.Tensor, sign: int) -> torch.Tensor:
+    """[-s1, s2] (sign=1) or [s2, -s1] (sign=-1): rotate_half's signs folded into sin."""
+    h = s.shape[-1] // 2
+    s1, s2 = s[..., :h], s[..., h:]
+    return torch.cat((-s1, s2) if sign > 0 else (s2, -s1), dim=-1)
+
+
+def _rope(x: torch.Tensor, c: torch.Tensor, ss: torch.Tensor) -> torch.Tensor:
+    """x*c + roll(x, half)*ss: with ss from _signed_sin, x*c + rotate_half(x)*s (sign=1) or
+    its transpose (sign=-1). Three contiguous passes; the sign fold is on sin, which is not
+    repeated per head."""
+    return torch.mul(x, c).addcmul_(x.roll(x.shape[-1] // 2, -1), ss)
 
 
 @nki_op("neuronlocal::rotary_embedding", mutates_args=())
 def _rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return _rope(q, c, s, 1), _rope(k, c, s, 1)
+    c, ss = cos.unsqueeze(unsqueeze_dim), _signed_sin(sin, 1).unsqueeze(unsqueeze_dim)
+    return _rope(q, c, ss), _rope(k, c, ss)
 
 
 @nki_op("neuronlocal::rotary_embedding_backward", mutates_args=())
 def _rotary_backward(
     gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return _rope(gq, c, s, -1), _rope(gk, c, s, -1)
+    c, ss = cos.unsqueeze(unsqueeze_dim), _signed_sin(sin, -1).unsqueeze(unsqueeze_dim)
+    return _rope(gq, c, ss), _rope(gk, c, ss)
 
 
 def _rot_setup(ctx, inputs, output):  # type: ignore[no-untyped-def]
@@ -278,10 +277,30 @@ def _cached_attention(
 ) -> torch.Tensor:
     k_cache.index_copy_(2, cache_position, k)
     v_cache.index_copy_(2, cache_position, v)
-    keys = torch.arange(k_cache.shape[2], device=q.device)
+    pos = cache_position.tolist()
+    lq, heads = len(pos), q.shape[1]
+    if pos == list(range(pos[0], pos[0] + lq)):
+        # Consecutive positions (prefill, decode): only slots up to the last are read, so
+        # slice them instead of masking the whole cache, and let SDPA expand GQA heads
+        # instead of copying the cache per query head.
+        end = pos[0] + lq
+        kc, vc = k_cache[:, :, :end], v_cache[:, :, :end]
+        if lq == 1 or pos[0] == 0:   # one query sees every slot; or a square causal block
+            return F.scaled_dot_product_attention(q, kc, vc, is_causal=lq > 1, scale=scale,
+                                                  enable_gqa=kc.shape[1] != heads)
+        keys = torch.arange(end, device=q.device)
+    else:
+        kc, vc = k_cache, v_cache
+        keys = torch.arange(k_cache.shape[2], device=q.device)
     mask = keys[None, :] <= cache_position[:, None]    # query i sees cache slots <= its pos
-    kc, vc = _expand_kv(k_cache, q.shape[1]), _expand_kv(v_cache, q.shape[1])
+    kc, vc = _expand_kv(kc, heads), _expand_kv(vc, heads)
     return F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=scale)
+
+
+@_cached_attention.register_fake
+def _(q, k, v, k_cache, v_cache, cache_position, scale):  # type: ignore[no-untyped-def]
+    # The body reads cache_position's values, which tracing tensors do not have.
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
 
 
 def cached_attention(

@@ -1,33 +1,235 @@
-"""Model support matrix and `neuronlocal check`."""
+"""Model support matrix and `neuronlocal check`: tiny configs, real config.json files, the
+matrix runner (bad options, incremental results, memory bound) and its pages."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers", reason="the support matrix needs transformers")
 
 from neuronlocal import cli  # noqa: E402
-from neuronlocal.support import matrix, models, render  # noqa: E402
+from neuronlocal.support import configs, matrix, models, render, tiny  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny(model_type: str, arch: str, task: str = "causal-lm"):
+    cfg, _ = configs.build_config(transformers.CONFIG_MAPPING[model_type], {})
+    return models.build_tiny(cfg, getattr(transformers, arch), task)
+
+
+# --- tiny configs -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2", "mixtral", "qwen2_moe", "gemma2", "opt"])
 def test_shrink_makes_configs_tiny(model_type):
-    cfg = models.shrink(transformers.CONFIG_MAPPING[model_type]())
-    for name in ("hidden_size", "n_embd", "num_hidden_layers", "n_layer", "vocab_size",
-                 "num_local_experts", "num_experts"):
+    cfg = tiny.shrink(transformers.CONFIG_MAPPING[model_type]())
+    for name in ("hidden_size", "n_embd", "vocab_size", "num_local_experts", "num_experts"):
         value = getattr(cfg, name, None)
         if isinstance(value, int):
-            assert value <= models._SIZES[name], (name, value)
+            assert value <= tiny.SIZES[name], (name, value)
+    layers = getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
+    assert 2 <= layers <= 4
 
 
-def test_check_model_llama_all_modes():
-    rep = models.check_model("llama", "LlamaForCausalLM")
+@pytest.mark.parametrize("model_type,kinds", [
+    ("qwen3_next", {"linear_attention", "full_attention"}),
+    ("kimi_linear", {"linear_attention", "full_attention"}),
+    ("zamba2", {"linear_attention", "hybrid"}),
+    ("gemma3_text", {"sliding_attention", "full_attention"}),
+])
+def test_hybrid_layer_patterns_keep_one_layer_of_each_kind(model_type, kinds):
+    cfg = tiny.shrink(transformers.CONFIG_MAPPING[model_type]())
+    types = getattr(cfg, "layer_types", None) or cfg.layers_block_type
+    assert set(types) == kinds and len(types) == cfg.num_hidden_layers <= 4
+
+
+def test_hybrids_keep_attention_and_moe_layers():
+    jamba = tiny.shrink(transformers.CONFIG_MAPPING["jamba"]())  # kinds follow periods
+    assert {"mamba", "attention"} <= set(jamba.layers_block_type) or \
+        len(set(jamba.layers_block_type)) == 2
+    assert len(set(jamba.layers_num_experts)) == 2, "dense and MoE layers"
+    bamba = tiny.shrink(transformers.CONFIG_MAPPING["bamba"]())  # default has no attention
+    assert bamba.attn_layer_indices == [bamba.num_hidden_layers - 1]
+    mixed = tiny.shrink(transformers.CONFIG_MAPPING["bailing_hybrid"]())
+    assert set(mixed.mlp_layer_types) == {"dense", "sparse"}
+    assert mixed.first_k_dense_replace == mixed.mlp_layer_types.count("dense")
+
+
+def test_head_dims_stay_consistent():
+    mla = tiny.shrink(transformers.CONFIG_MAPPING["deepseek_v2"]())
+    assert mla.qk_head_dim == mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    assert mla.num_key_value_heads == mla.num_attention_heads, "latent attention is full MHA"
+    gptj = tiny.shrink(transformers.CONFIG_MAPPING["gptj"]())
+    assert gptj.rotary_dim <= gptj.n_embd // gptj.n_head and gptj.rotary_dim % 2 == 0
+    mamba2 = tiny.shrink(transformers.CONFIG_MAPPING["mamba2"]())
+    assert mamba2.num_heads * mamba2.head_dim == mamba2.expand * mamba2.hidden_size
+
+
+def test_per_layer_config_and_sub_configs():
+    gemma4 = tiny.shrink(transformers.CONFIG_MAPPING["gemma4_text"]())
+    heads = {c.head_dim for c in gemma4.per_layer_config}
+    assert len(heads) == 2 and max(heads) <= 64, "full-attention layers keep a wider head"
+    blt = tiny.shrink(configs.build_config(transformers.CONFIG_MAPPING["blt"], {})[0])
+    assert blt.encoder_config.hidden_size_global == blt.global_config.hidden_size
+
+
+@pytest.mark.parametrize("model_type,arch", [
+    ("jamba", "JambaForCausalLM"), ("qwen3_next", "Qwen3NextForCausalLM"),
+    ("deepseek_v2", "DeepseekV2ForCausalLM"), ("gptj", "GPTJForCausalLM"),
+    ("llama4", "Llama4ForCausalLM"), ("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM"),
+    ("musicgen", "MusicgenForCausalLM"), ("xlstm", "xLSTMForCausalLM"),
+])
+def test_formerly_untested_families_run_on_cpu(model_type, arch):
+    cfg, model = _tiny(model_type, arch)
+    assert sum(p.numel() for p in model.parameters()) < 10_000_000
+    inputs = models.make_inputs(cfg, "causal-lm", 8, torch.Generator().manual_seed(0))
+    out = models._fwd_bwd(model, inputs)
+    assert torch.isfinite(out[1])
+
+
+def test_missing_optional_package_is_skipped_with_reason():
+    rep = models.check_model("gemma3n", "Gemma3nForConditionalGeneration")
+    assert rep.status == "skipped" and "timm" in rep.error and not rep.modes
+
+
+# --- real config.json files ---------------------------------------------------------------
+
+def _write(tmp_path: Path, raw, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(raw))
+    return path
+
+
+JETMOE = {"architectures": ["JetMoEForCausalLM"], "model_type": "jetmoe", "vocab_size": 32000,
+          "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,
+          "num_key_value_heads": 16, "kv_channels": 128, "intermediate_size": 5632,
+          "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 4096,
+          "activation_function": "silu", "aux_loss_coef": 0.01, "bos_token_id": 1,
+          "eos_token_id": 2, "tie_word_embeddings": True, "rms_norm_eps": 1e-05,
+          "rope_theta": 10000.0, "torch_dtype": "bfloat16", "transformers_version": "4.40.0"}
+MPT = {"architectures": ["MPTForCausalLM"], "model_type": "mpt", "d_model": 4096, "n_heads": 32,
+       "n_layers": 32, "expansion_ratio": 4, "max_seq_len": 2048, "vocab_size": 50432,
+       "attn_config": {"alibi": True, "alibi_bias_max": 8, "attn_impl": "torch",
+                       "attn_pdrop": 0, "attn_type": "multihead_attention", "clip_qkv": None,
+                       "prefix_lm": False, "qk_ln": False, "softmax_scale": None},
+       "auto_map": {"AutoConfig": "configuration_mpt.MPTConfig",
+                    "AutoModelForCausalLM": "modeling_mpt.MPTForCausalLM"},
+       "emb_pdrop": 0, "learned_pos_emb": True, "no_bias": True, "resid_pdrop": 0,
+       "norm_type": "low_precision_layernorm", "use_cache": False, "torch_dtype": "bfloat16"}
+LLAMA4 = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+          "boi_token_index": 200080, "eoi_token_index": 200081, "image_token_index": 200092,
+          "text_config": {"model_type": "llama4_text", "attention_chunk_size": 8192,
+                          "attn_scale": 0.1, "attn_temperature_tuning": 4, "floor_scale": 8192,
+                          "head_dim": 128, "hidden_size": 5120, "intermediate_size": 8192,
+                          "intermediate_size_mlp": 16384, "interleave_moe_layer_step": 1,
+                          "num_attention_heads": 40, "num_hidden_layers": 48,
+                          "num_key_value_heads": 8, "num_local_experts": 16,
+                          "num_experts_per_tok": 1, "vocab_size": 202048,
+                          "max_position_embeddings": 10485760, "use_qk_norm": True,
+                          "rope_theta": 500000.0, "bos_token_id": 200000,
+                          "eos_token_id": [200001, 200007, 200008], "pad_token_id": 200018},
+          "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+EMU3_REMOTE = {"architectures": ["Emu3ForCausalLM"], "model_type": "Emu3",
+               "auto_map": {"AutoConfig": "configuration_emu3.Emu3Config",
+                            "AutoModelForCausalLM": "modeling_emu3.Emu3ForCausalLM"},
+               "vocab_size": 184622, "hidden_size": 4096, "intermediate_size": 14336,
+               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "max_position_embeddings": 9216, "rope_theta": 1000000.0,
+               "bos_token_id": 151849, "eos_token_id": 151850, "pad_token_id": 151643}
+
+
+def test_unknown_architecture_uses_the_model_types_class(tmp_path):
+    loaded = configs.load(config=str(_write(tmp_path, JETMOE)))
+    assert loaded.architecture == "JetMoeForCausalLM"
+    assert "JetMoEForCausalLM" in loaded.how and "model type 'jetmoe'" in loaded.how
+
+
+def test_remote_code_config_of_a_built_in_type_uses_transformers(tmp_path):
+    loaded = configs.load(config=str(_write(tmp_path, MPT)))
+    assert loaded.architecture == "MptForCausalLM"
+    assert any("auto_map" in n and "built in" in n for n in loaded.notes)
+
+
+def test_old_field_types_are_repaired_with_a_warning(tmp_path):
+    loaded = configs.load(config=str(_write(tmp_path, LLAMA4)))
+    assert loaded.architecture == "Llama4ForConditionalGeneration"
+    assert loaded.config.text_config.attn_temperature_tuning is True
+    assert any("attn_temperature_tuning" in n for n in loaded.notes)
+
+
+def test_unrepairable_field_is_named(tmp_path, capsys):
+    bad = _write(tmp_path, {"model_type": "llama", "hidden_act": 7})
+    assert cli.main(["check", "--config", str(bad)]) == 2
+    out = capsys.readouterr().out
+    assert "hidden_act" in out and "Traceback" not in out
+
+
+def test_model_type_matches_case_insensitively(tmp_path):
+    loaded = configs.load(config=str(_write(tmp_path, {"model_type": "LLaMA"})))
+    assert loaded.config.model_type == "llama" and "case-insensitive" in loaded.notes[0]
+    assert configs.load(model_type="GPT2").architecture == "GPT2LMHeadModel"
+
+
+def test_remote_code_needs_trust_and_the_code(tmp_path, capsys):
+    _write(tmp_path, EMU3_REMOTE)
+    assert cli.main(["check", "--model-dir", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert "--trust-remote-code" in out and "modeling_emu3.py" in out and "Traceback" not in out
+    assert cli.main(["check", "--model-dir", str(tmp_path), "--trust-remote-code"]) == 2
+    assert "needs configuration_emu3.py, modeling_emu3.py" in capsys.readouterr().out
+
+
+def test_remote_code_runs_with_trust_from_a_local_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(transformers.dynamic_module_utils, "HF_MODULES_CACHE",
+                        str(tmp_path / "modules"), raising=False)
+    code = tmp_path / "ckpt"
+    code.mkdir()
+    (code / "configuration_toy.py").write_text(
+        "from transformers import LlamaConfig\n\n\nclass ToyConfig(LlamaConfig):\n"
+        "    model_type = 'toy_remote'\n")
+    (code / "modeling_toy.py").write_text(
+        "from transformers import LlamaForCausalLM\n\nfrom .configuration_toy import ToyConfig"
+        "\n\n\nclass ToyForCausalLM(LlamaForCausalLM):\n    config_class = ToyConfig\n")
+    _write(code, {"model_type": "toy_remote", "architectures": ["ToyForCausalLM"],
+                  "auto_map": {"AutoConfig": "configuration_toy.ToyConfig",
+                               "AutoModelForCausalLM": "modeling_toy.ToyForCausalLM"},
+                  "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8})
+    loaded = configs.load(model_dir=str(code), trust_remote_code=True)
+    assert loaded.architecture == "ToyForCausalLM" and "remote code" in loaded.how
+    rep = models.check_model("toy_remote", loaded.architecture, config=loaded.config,
+                             modes=("eager",), model_cls=loaded.model_cls)
     assert rep.status == "pass", rep.error
-    assert set(rep.modes) == set(models.MODES)
-    assert all(m.cpu_ok and m.neuron_ok for m in rep.modes.values())
-    assert rep.peak_hbm > 0 and rep.compiles >= 1
+
+
+def test_check_input_errors_are_one_line(tmp_path, capsys):
+    assert cli.main(["check", "no_such_model_type"]) == 2
+    lst = _write(tmp_path, [{"model_type": "llama"}])
+    assert cli.main(["check", "--config", str(lst)]) == 2
+    bad = _write(tmp_path, {}, "bad.json")
+    bad.write_text("{not json")
+    assert cli.main(["check", "--config", str(bad)]) == 2
+    assert cli.main(["check", "--model-dir", str(tmp_path / "nope")]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["check", "--model-dir", str(empty)]) == 2
+    out = capsys.readouterr().out
+    assert "Traceback" not in out and "internet" not in out and "repo" not in out
+    assert "holds a list" in out and "no such directory" in out and "has no config.json" in out
+
+
+def test_build_and_cpu_failures_are_not_blamed_on_neuron(capsys):
+    assert cli.main(["check", "gemma3n"]) == 3  # needs timm: nothing could run
+    out = capsys.readouterr().out
+    assert "UNTESTED" in out and "NOT run on neuron" not in out
+    assert cli.main(["check", "gemma4_assistant"]) == 4  # needs the target model's KV states
+    out = capsys.readouterr().out
+    assert "does not run on CPU either" in out and "NOT run on neuron" not in out
 
 
 def test_mismatch_is_a_neuron_failure():
@@ -39,40 +241,108 @@ def test_mismatch_is_a_neuron_failure():
     assert models.classify(only_cpu_fails) == "cpu-fail"
 
 
-def test_check_exit_codes(capsys, tmp_path):
-    assert cli.main(["check", "no_such_model_type"]) == 2
-    bad = tmp_path / "config.json"
-    bad.write_text("{not json")
-    assert cli.main(["check", "--config", str(bad)]) == 2
-    assert "error:" in capsys.readouterr().out
-
-
 def test_check_default_config(capsys):
     assert cli.main(["check"]) == 0
     out = capsys.readouterr().out
     assert "verdict: llama RUNS on neuron" in out and "TP=" in out
+    assert "shapes" in out and "graphs compiled" in out
 
 
-def test_matrix_resume_timeout_and_render(tmp_path, monkeypatch):
-    done = {"model_type": "llama", "architecture": "LlamaForCausalLM", "status": "pass",
-            "modes": {}, "seconds": 1.0}
-    matrix.save(tmp_path / "support-causal-lm.json", "causal-lm", {"llama": done})
+# --- the matrix runner --------------------------------------------------------------------
+
+def _row(mt: str, status: str, **extra) -> dict:
+    return {"model_type": mt, "architecture": mt.upper(), "status": status, "modes": {},
+            "seconds": 1.0, **extra}
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["-j", "0"], "at least 1"), (["-j", "-1"], "at least 1"),
+    (["--timeout", "-1"], "positive"), (["--models", "llama,no_such_model"], "no_such_model"),
+    (["--models", "lama"], "did you mean"), (["--models", ""], "at least one"),
+])
+def test_support_rejects_bad_options_before_running(argv, needle, tmp_path, monkeypatch,
+                                                    capsys):
+    monkeypatch.setattr(matrix, "run_one", lambda *a, **k: pytest.fail("ran a model"))
+    assert cli.main(["support", "--out", str(tmp_path), "--models", "llama", *argv]) == 2
+    out = capsys.readouterr().out
+    assert needle in out and "%" not in out
+
+
+def test_support_unwritable_out_fails_first(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(matrix, "run_one", lambda *a, **k: pytest.fail("ran a model"))
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert cli.main(["support", "--models", "llama", "--out", str(a_file / "sub")]) == 2
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        assert cli.main(["support", "--models", "llama", "--out", str(ro)]) == 2
+    finally:
+        ro.chmod(stat.S_IRWXU)
+    assert "cannot write there" in capsys.readouterr().out
+
+
+def test_results_are_written_after_every_row(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(matrix, "run_one", lambda mt, arch, task, timeout: calls.append(mt) or {
-        "model_type": mt, "architecture": arch, "status": "timeout", "modes": {}, "seconds": 0})
-    data = matrix.run_matrix("causal-lm", tmp_path, only=["llama", "gpt2"])
-    assert calls == ["gpt2"], "llama was resumed from the partial results"
-    assert data["summary"]["counts"] == {"pass": 1, "timeout": 1}
+
+    def fake(mt, arch, task, timeout, max_memory):
+        calls.append(mt)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run dies after one row
+        return _row(mt, "pass", fallback_ops={"aten::mm": 2, "aten::bernoulli_": 1})
+
+    monkeypatch.setattr(matrix, "run_one", fake)
+    with pytest.raises(KeyboardInterrupt):
+        matrix.run_matrix("causal-lm", tmp_path, only=["gpt2", "llama"])
+    data = json.loads((tmp_path / "support-causal-lm.json").read_text())
+    assert [r["model_type"] for r in data["models"]] == [calls[0]]
+    assert data["models"][0]["fallback_op_count"] == 2
+    assert calls[0] in (tmp_path / "support-causal-lm.md").read_text()
+    # a rerun resumes: only the missing row runs
+    monkeypatch.setattr(matrix, "run_one", lambda mt, *a, **k: calls.append(mt) or _row(
+        mt, "timeout"))
+    data = matrix.run_matrix("causal-lm", tmp_path, only=["gpt2", "llama"])
+    assert calls[-1] != calls[0] and data["summary"]["counts"] == {"pass": 1, "timeout": 1}
+
+
+def test_one_number_everywhere(tmp_path):
+    rows = {"a": _row("a", "pass", fallback_ops={"aten::mm": 1}), "b": _row("b", "neuron-fail"),
+            "c": _row("c", "build-fail", error="build: boom"), "d": _row("d", "cpu-fail")}
+    data = matrix.save(tmp_path / "support-causal-lm.json", "causal-lm", rows)
+    render.write_all(tmp_path, "causal-lm", data)
+    s = data["summary"]
+    assert (s["tested"], s["untested"], s["passed"]) == (2, 2, 1)
+    assert s["pass_rate_of_tested"] == 0.5
+    line = render.headline(data)
+    assert "2 tested" in line and "50.0%" in line and "2 untested" in line
+    md = (tmp_path / "support-causal-lm.md").read_text()
     page = (tmp_path / "support-causal-lm.html").read_text()
-    assert "<svg" in page and "sortBy" in page and "gpt2" in page
-    assert "| llama |" in (tmp_path / "support-causal-lm.md").read_text()
-    assert json.loads((tmp_path / "support-causal-lm.json").read_text())["task"] == "causal-lm"
-    assert render.bar_chart({"pass": 3}).startswith("<svg")
+    assert line in md and line.replace("'", "&#x27;") in page
+    assert "<svg" in page and "fallback ops" in page and "fallback ops" in md
+    assert "Untested architectures" in md and "build: boom" in page
 
 
-def test_worker_timeout_is_a_row():
+def test_readme_states_the_committed_json_numbers():
+    """README's support block is generated from docs/support/*.json (tools/support_matrix.py
+    --readme): the same counts as the HTML and markdown pages."""
+    readme = (ROOT / "README.md").read_text()
+    block = render.readme_block(ROOT / "docs" / "support", ROOT)
+    assert block in readme, "run `python tools/support_matrix.py --readme`"
+    for path in (ROOT / "docs" / "support").glob("support-*.json"):
+        data = json.loads(path.read_text())
+        assert render.headline(data) in path.with_suffix(".md").read_text()
+        assert data["summary"] == matrix.summary(data["models"]), "summary is derived"
+
+
+def test_worker_timeout_and_memory_bound_are_rows():
     row = matrix.run_one("llama", "LlamaForCausalLM", "causal-lm", timeout=0.5)
     assert row["status"] == "timeout"
+    row = matrix.run_one("llama", "LlamaForCausalLM", "causal-lm", timeout=300,
+                         max_memory=64 * 2**20)
+    assert row["status"] == "skipped" and "peak" in row["error"] and row["peak_rss"] > 0
 
 
 @pytest.mark.slow

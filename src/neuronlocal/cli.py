@@ -106,22 +106,34 @@ def cmd_ops(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from neuronlocal.support import check
 
-    return check.run(args.config, args.model_dir, args.model_type)
+    return check.run(args.config, args.model_dir, args.model_type,
+                     trust_remote_code=args.trust_remote_code, task=args.task)
 
 
 def cmd_support(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from neuronlocal.support import matrix
+    from neuronlocal.support import configs, matrix
 
-    only = matrix.CI_SUBSET if args.subset == "ci" else (
-        args.models.split(",") if args.models else None)
-    data = matrix.run_matrix(args.task, Path(args.out), jobs=args.jobs, timeout=args.timeout,
-                             only=only, force=args.force)
+    try:
+        if args.list:
+            print("\n".join(f"{mt:<28}{arch}" for mt, arch in matrix.architectures(args.task)))
+            return 0
+        only = matrix.CI_SUBSET if args.subset == "ci" else (
+            args.models.split(",") if args.models is not None else None)
+        data = matrix.run_matrix(args.task, Path(args.out), jobs=args.jobs,
+                                 timeout=args.timeout, only=only, force=args.force,
+                                 max_memory=args.max_memory * matrix.GiB)
+    except configs.BadInput as e:
+        print(f"error: {e}")
+        return 2
+    from neuronlocal.support import render
+
     s = data["summary"]
-    print(f"{s['counts']} -> pass rate among CPU-runnable architectures "
-          f"{s['pass_rate_of_cpu_runnable']:.1%}; report in {args.out}/support-{args.task}.html")
-    return 0 if s["counts"].get("neuron-fail", 0) == 0 else 1
+    print(f"{render.headline(data)}\nreport: {args.out}/support-{args.task}.html")
+    if s["counts"].get("neuron-fail", 0):
+        return 1
+    return 0 if s["tested"] else 3
 
 
 def cmd_env(_: argparse.Namespace) -> int:
@@ -161,20 +173,34 @@ def main(argv: list[str] | None = None) -> int:
     p_ops.set_defaults(func=cmd_ops)
     sub.add_parser("env", help="environment variables (markdown table)").set_defaults(
         func=cmd_env)
-    p_check = sub.add_parser("check", help="does a model run on Trainium? (exit 0/1/2)")
+    from neuronlocal.support.check import EXIT_HELP
+    from neuronlocal.support.configs import TASK_MAPPINGS
+
+    p_check = sub.add_parser("check", help="does a model run on Trainium? (exit 0/1/2/3/4)",
+                             epilog=EXIT_HELP)
     p_check.add_argument("model_type", nargs="?", help="a transformers model type, e.g. llama")
-    p_check.add_argument("--config", help="a config.json")
-    p_check.add_argument("--model-dir", help="a directory saved with save_pretrained")
+    src = p_check.add_mutually_exclusive_group()
+    src.add_argument("--config", help="a config.json")
+    src.add_argument("--model-dir", help="a local directory with config.json (save_pretrained)")
+    p_check.add_argument("--trust-remote-code", action="store_true",
+                         help="run the model code a remote-code config (auto_map) names; it "
+                              "must be in --model-dir")
+    p_check.add_argument("--task", default="causal-lm", choices=list(TASK_MAPPINGS))
     p_check.set_defaults(func=cmd_check)
-    p_sup = sub.add_parser("support", help="the model support matrix of a task")
-    p_sup.add_argument("--task", default="causal-lm", choices=["causal-lm", "seq2seq",
-                                                                 "masked-lm"])
-    p_sup.add_argument("-j", "--jobs", type=int, default=1)
-    p_sup.add_argument("--out", default="reports/support")
-    p_sup.add_argument("--timeout", type=float, default=600, help="seconds per model")
+    p_sup = sub.add_parser("support", help="the model support matrix of a task",
+                           epilog="exit status: 0 no neuron failure, 1 some architecture fails "
+                                  "on neuron, 2 bad options, 3 nothing could be tested")
+    p_sup.add_argument("--task", default="causal-lm", choices=list(TASK_MAPPINGS))
+    p_sup.add_argument("-j", "--jobs", type=int, default=1, help="rows run in parallel (>= 1)")
+    p_sup.add_argument("--out", default="reports/support", help="directory for JSON/md/HTML")
+    p_sup.add_argument("--timeout", type=float, default=600, help="seconds per model (> 0)")
+    p_sup.add_argument("--max-memory", type=float, default=6.0, metavar="GIB",
+                       help="resident memory per model; past it the row is skipped with its "
+                            "peak (default 6)")
     p_sup.add_argument("--subset", choices=["ci"], help="only the fixed CI subset")
     p_sup.add_argument("--models", help="comma-separated model types")
     p_sup.add_argument("--force", action="store_true", help="rerun models already done")
+    p_sup.add_argument("--list", action="store_true", help="list the task's architectures")
     p_sup.set_defaults(func=cmd_support)
     p_run = sub.add_parser("run", help="run a script and report what it would cost on Trainium")
     p_run.add_argument("--report", default="neuron_report", metavar="DIR",

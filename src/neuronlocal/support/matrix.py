@@ -1,35 +1,42 @@
 """The model support matrix: every architecture of a transformers task, each in its own process.
 
 `neuronlocal support` runs `check_model` (support/models.py) for each architecture of the
-installed transformers' mapping in a subprocess with a timeout, so a crash or hang loses
-one row, never the run; results are written after every model, so a rerun resumes; `-j`
-runs workers in parallel. Output: JSON, a markdown table and a static HTML page.
+installed transformers' mapping in a process forked from a forkserver that has the imports
+done (support/worker.py). A row that runs past `timeout` is a timeout; one whose resident
+memory passes `max_memory` is killed and skipped with its measured peak; a crash loses only
+its row. Results (JSON, markdown, HTML) are rewritten after every row, so an interrupted run
+keeps what it did and a rerun resumes; `-j` runs rows in parallel.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import multiprocessing
 import os
-import subprocess
-import sys
+import shutil
+import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-TASKS = {
-    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-}
-TASK_MODES = {"causal-lm": ("eager", "compile", "generate", "train"),
-              "seq2seq": ("eager", "compile", "generate", "train"),
-              "masked-lm": ("eager", "compile", "train")}
+from neuronlocal.support.configs import TASK_MAPPINGS, BadInput
+
+TASKS = tuple(TASK_MAPPINGS)
 # The fixed subset CI runs: the most used text-generation families.
 CI_SUBSET = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox",
              "opt", "falcon", "mixtral", "qwen2_moe", "bloom", "starcoder2")
-DONE = {"pass", "neuron-fail", "cpu-fail", "unsupported", "timeout", "crash"}
+DONE = {"pass", "neuron-fail", "cpu-fail", "build-fail", "skipped", "timeout", "crash"}
+TESTED = ("pass", "neuron-fail")  # rows where CPU and neuron were both run and compared
+GiB = 2**30
+_POLL = 0.25
+_WORKER_ENV = {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "PYTHONWARNINGS": "ignore",
+               "TRANSFORMERS_VERBOSITY": "error"}
+_ctx_lock = threading.Lock()
+_ctx: Any = None
 
 
 def architectures(task: str) -> list[tuple[str, str]]:
@@ -37,32 +44,116 @@ def architectures(task: str) -> list[tuple[str, str]]:
     from transformers.models.auto import modeling_auto
 
     if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    mapping = getattr(modeling_auto, TASKS[task])
+        raise BadInput(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    mapping = getattr(modeling_auto, TASK_MAPPINGS[task][0])
     out = []
     for model_type, cls in mapping.items():
         out.append((model_type, cls[0] if isinstance(cls, (list, tuple)) else cls))
     return sorted(out)
 
 
-def run_one(model_type: str, arch: str, task: str, timeout: float) -> dict[str, Any]:
-    """check_model in a fresh interpreter; a timeout or crash becomes a row, not an error."""
-    cmd = [sys.executable, "-m", "neuronlocal.support.worker", model_type, arch, task]
-    env = {**os.environ, "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1",
-           "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
-    start = time.perf_counter()
+def select(task: str, only: Iterable[str] | None) -> list[tuple[str, str]]:
+    """The architectures to run; unknown model types are a BadInput naming close matches."""
+    archs = architectures(task)
+    if only is None:
+        return archs
+    wanted = [m.strip() for m in only if m.strip()]
+    known = {mt for mt, _ in archs}
+    unknown = [m for m in wanted if m not in known]
+    if not wanted or unknown:
+        hints = []
+        for m in unknown:
+            close = difflib.get_close_matches(m, known, n=3)
+            hints.append(f"{m!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        raise BadInput(f"--models: no {task} architecture named {', '.join(hints)}; "
+                       f"{len(known)} are known (`neuronlocal support --list --task {task}`)."
+                       if unknown else "--models: give at least one model type.")
+    return [a for a in archs if a[0] in set(wanted)]
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Fails before anything runs if results could not be written to `out_dir`."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"model_type": model_type, "architecture": arch, "status": "timeout",
-                "seconds": timeout, "error": f"no result within {timeout:.0f}s", "modes": {}}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"model_type": model_type, "architecture": arch, "status": "crash",
-                "seconds": time.perf_counter() - start, "modes": {},
-                "error": f"exit {proc.returncode}: " + " | ".join(tail)[-400:]}
-    return json.loads(lines[-1])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-", delete=True)
+        probe.close()
+    except OSError as e:
+        raise BadInput(f"--out {out_dir}: cannot write there ({e.strerror or e}); "
+                       "choose a writable directory.") from e
+
+
+def _context() -> Any:
+    """One forkserver per run, with the worker's imports done once."""
+    global _ctx
+    with _ctx_lock:
+        if _ctx is None:
+            os.environ.update(_WORKER_ENV)  # inherited by the forkserver when it starts
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["neuronlocal.support.worker"])
+            _ctx = ctx
+        return _ctx
+
+
+def _status_kib(pid: int) -> dict[str, int]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            out[line.split(":")[0]] = int(line.split()[1])
+    return out
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[-400:]
+
+
+def run_one(model_type: str, arch: str, task: str, timeout: float,
+            max_memory: float = 6 * GiB) -> dict[str, Any]:
+    """One row in a forked worker; a timeout, memory kill or crash becomes a row."""
+    from neuronlocal.support import worker
+
+    base = {"model_type": model_type, "architecture": arch, "modes": {}}
+    tmp = Path(tempfile.mkdtemp(prefix="neuronlocal-support-"))
+    result, log = tmp / "row.json", tmp / "log.txt"
+    proc = _context().Process(target=worker.run_to_file,
+                              args=(model_type, arch, task, str(result), str(log)))
+    start = time.perf_counter()
+    peak = 0
+    try:
+        proc.start()
+        while proc.is_alive():
+            proc.join(_POLL)
+            mem = _status_kib(proc.pid or 0)
+            peak = max(peak, mem.get("VmHWM", 0) * 1024)
+            elapsed = time.perf_counter() - start
+            if mem.get("VmRSS", 0) * 1024 > max_memory:
+                proc.kill()
+                proc.join()
+                return {**base, "status": "skipped", "seconds": elapsed, "peak_rss": peak,
+                        "error": f"memory: resident set passed the bound of "
+                                 f"{max_memory / GiB:.1f} GiB (peak {peak / GiB:.2f} GiB); "
+                                 "rerun with a larger --max-memory to test it"}
+            if elapsed > timeout:
+                proc.kill()
+                proc.join()
+                return {**base, "status": "timeout", "seconds": elapsed, "peak_rss": peak,
+                        "error": f"no result within {timeout:.0f}s"}
+        if proc.exitcode != 0 or not result.exists():
+            return {**base, "status": "crash", "seconds": time.perf_counter() - start,
+                    "peak_rss": peak,
+                    "error": f"exit {proc.exitcode}: {_tail(log)}"}
+        row = json.loads(result.read_text())
+        row["peak_rss"] = peak
+        return row
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load(path: Path) -> dict[str, dict[str, Any]]:
@@ -75,51 +166,85 @@ def load(path: Path) -> dict[str, dict[str, Any]]:
     return {r["model_type"]: r for r in rows}
 
 
-def save(path: Path, task: str, rows: dict[str, dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"task": task, "summary": summary(rows.values()),
-            "models": sorted(rows.values(), key=lambda r: r["model_type"])}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
-
-
 def summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The one set of numbers every page states (markdown, HTML, README)."""
     rows = list(rows)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    runs_on_cpu = sum(v for k, v in counts.items() if k in {"pass", "neuron-fail"})
-    return {"total": len(rows), "counts": counts,
-            "pass_rate_of_cpu_runnable": counts.get("pass", 0) / runs_on_cpu if runs_on_cpu else 0}
+    tested = sum(counts.get(s, 0) for s in TESTED)
+    mode_seconds: dict[str, float] = {}
+    for r in rows:
+        for mode, m in r.get("modes", {}).items():
+            mode_seconds[mode] = mode_seconds.get(mode, 0.0) + float(m.get("seconds") or 0)
+    return {"total": len(rows), "counts": dict(sorted(counts.items())), "tested": tested,
+            "untested": len(rows) - tested, "passed": counts.get("pass", 0),
+            "pass_rate_of_tested": counts.get("pass", 0) / tested if tested else 0.0,
+            "row_seconds": sum(float(r.get("seconds") or 0) for r in rows),
+            "mode_seconds": mode_seconds}
+
+
+def save(path: Path, task: str, rows: dict[str, dict[str, Any]],
+         run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Writes the JSON atomically and returns what was written."""
+    import torch
+    import transformers
+
+    for r in rows.values():
+        r["fallback_op_count"] = len(r.get("fallback_ops") or {})
+    data = {"task": task, "transformers": transformers.__version__,
+            "torch": torch.__version__.split("+")[0], "summary": summary(rows.values()),
+            "run": run or {}, "models": sorted(rows.values(), key=lambda r: r["model_type"])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+    return data
 
 
 def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
-               only: Iterable[str] | None = None, force: bool = False) -> dict[str, Any]:
+               only: Iterable[str] | None = None, force: bool = False,
+               max_memory: float = 6 * GiB) -> dict[str, Any]:
     from tqdm import tqdm
 
     from neuronlocal.support import render
 
-    archs = architectures(task)
-    if only is not None:
-        wanted = set(only)
-        archs = [a for a in archs if a[0] in wanted]
+    if jobs < 1:
+        raise BadInput(f"-j/--jobs must be at least 1, got {jobs}.")
+    if not timeout > 0:
+        raise BadInput(f"--timeout must be a positive number of seconds, got {timeout:g}.")
+    if not max_memory > 0:
+        raise BadInput("--max-memory must be a positive number of GiB.")
+    archs = select(task, only)
+    check_out_dir(out_dir)
     json_path = out_dir / f"support-{task}.json"
     rows = load(json_path)
     if force:  # rerun the selected architectures, keep the other rows
         for model_type, _ in archs:
             rows.pop(model_type, None)
     todo = [a for a in archs if rows.get(a[0], {}).get("status") not in DONE]
-    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool, \
+    run = {"jobs": jobs, "timeout": timeout, "max_memory_gib": max_memory / GiB,
+           "rows_run": len(todo), "wall_seconds": 0.0}
+    start = time.perf_counter()
+    lock = threading.Lock()
+
+    def write() -> dict[str, Any]:
+        run["wall_seconds"] = round(time.perf_counter() - start, 1)
+        data = save(json_path, task, rows, run)
+        render.write_all(out_dir, task, data)
+        return data
+
+    data = write()
+    with ThreadPoolExecutor(max_workers=jobs) as pool, \
             tqdm(total=len(archs), initial=len(archs) - len(todo), desc=f"support {task}",
                  unit="model") as bar:
-        futures = {pool.submit(run_one, mt, arch, task, timeout): mt for mt, arch in todo}
+        futures = {pool.submit(run_one, mt, arch, task, timeout, max_memory): mt
+                   for mt, arch in todo}
         for fut in as_completed(futures):
             row = fut.result()
-            rows[row["model_type"]] = row
-            save(json_path, task, rows)
+            with lock:
+                rows[row["model_type"]] = row
+                data = write()
             bar.set_postfix_str(f"{row['model_type']}: {row['status']}")
             bar.update()
-    save(json_path, task, rows)
-    render.write_all(out_dir, task, json.loads(json_path.read_text()))
-    return json.loads(json_path.read_text())
+    return data

@@ -1,92 +1,41 @@
 """Does a transformers model run on neuron? One model, every mode, compared with CPU.
 
-`shrink(config)` derives a tiny config from any architecture's config class by name
-(hidden sizes, layers, heads, vocab, experts, sub-configs), so random weights are cheap.
-`check_model(...)` then runs on CPU and on neuron: eager forward + backward, compiled
-forward (backend neuron), static-cache `generate()` (auto-compiled on neuron), and one
-optimizer step, and compares logits, loss, grads, tokens and parameters. A mode that
-fails on CPU too is not held against neuron.
+`tiny.shrink(config)` derives a small config that keeps the architecture's layer kinds.
+`check_model(...)` builds it once, copies it to neuron, and runs each mode of the task on
+CPU and on neuron: eager forward + backward, compiled forward (backend neuron),
+static-cache `generate()` (auto-compiled on neuron), one AdamW step, and `shapes`
+(compiled forward + backward at three input sizes under the default Dynamo config,
+counting the graphs compiled). Outputs, losses, gradients, tokens and parameters are
+compared. A mode that fails on CPU too is not held against neuron, and a model that cannot
+be built is its own status: nothing ran, so nothing is blamed on neuron.
 """
 
 from __future__ import annotations
 
 import copy
+import re
+import resource
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-MODES = ("eager", "compile", "generate", "train")
-
-_SIZES: dict[str, int] = {
-    # widths
-    "hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "dim": 64,
-    "word_embed_proj_dim": 64, "hidden_dim": 64,
-    "intermediate_size": 128, "ffn_dim": 128, "n_inner": 128, "d_ff": 128,
-    "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
-    "expert_intermediate_size": 64, "ffn_hidden_size": 128,
-    # depth
-    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2,
-    "encoder_layers": 2,
-    # heads
-    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "decoder_attention_heads": 4,
-    "encoder_attention_heads": 4, "n_heads": 4,
-    "num_key_value_heads": 2, "num_kv_heads": 2, "multi_query_group_num": 2, "n_kv_heads": 2,
-    "head_dim": 16, "kv_channels": 16, "attention_head_size": 16,
-    # vocab and positions
-    "vocab_size": 256, "max_position_embeddings": 128, "n_positions": 128, "n_ctx": 128,
-    "max_sequence_length": 128, "seq_length": 128,
-    # experts
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
-    "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-    # latent attention and low-rank projections
-    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-    "v_head_dim": 16, "qk_head_dim": 16,
-    # convolutions / state spaces
-    "state_size": 8, "ssm_state_size": 8, "conv_kernel": 4, "time_step_rank": 8,
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16, "mamba_d_state": 8, "mamba_n_heads": 4, "mamba_d_head": 16,
-    "sliding_window": 32, "attention_chunk_size": 32, "num_memory_tokens": 0,
-}
-_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
-              "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
-
-
-def shrink(config: Any, vocab: int = 256) -> Any:
-    """A tiny copy of `config`: every known size attribute set small, sub-configs too."""
-    cfg = copy.deepcopy(config)
-    for name, value in _SIZES.items():
-        current = getattr(cfg, name, None)
-        if isinstance(current, int) and not isinstance(current, bool) and current > value:
-            setattr(cfg, name, value)
-    heads = getattr(cfg, "num_attention_heads", None)
-    kv = getattr(cfg, "num_key_value_heads", None)
-    if isinstance(heads, int) and isinstance(kv, int) and heads % max(kv, 1):
-        cfg.num_key_value_heads = 1
-    for name in _TOKEN_IDS:
-        tid = getattr(cfg, name, None)
-        if isinstance(tid, int) and tid >= vocab:
-            setattr(cfg, name, vocab - 1)
-        elif isinstance(tid, list):
-            setattr(cfg, name, [t if t < vocab else vocab - 1 for t in tid])
-    layers = getattr(cfg, "num_hidden_layers", None)
-    for name in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
-        val = getattr(cfg, name, None)
-        if isinstance(val, (list, str)) and isinstance(layers, int) and len(val) > layers:
-            setattr(cfg, name, val[:layers])
-    for name in ("text_config", "vision_config", "audio_config", "decoder", "encoder"):
-        sub = getattr(cfg, name, None)
-        if sub is not None and hasattr(sub, "to_dict"):
-            setattr(cfg, name, shrink(sub, vocab))
-    for name in ("use_cache",):
-        if hasattr(cfg, name):
-            setattr(cfg, name, True)
-    if hasattr(cfg, "tie_word_embeddings") and getattr(cfg, "vocab_size", vocab) != vocab:
-        cfg.vocab_size = vocab
-    return cfg
+MODES = ("eager", "compile", "generate", "shapes", "train")  # run in this order
+TASK_MODES = {"causal-lm": MODES, "seq2seq": MODES,
+              "masked-lm": ("eager", "compile", "shapes", "train"),
+              "image-classification": ("eager", "compile", "shapes", "train")}
+# Sizes the shapes mode runs: sequence lengths for text, batch sizes for images.
+SHAPE_LENGTHS = (6, 9, 13)
+SHAPE_BATCHES = (1, 2, 3)
+# Statuses: nothing ran on neuron for build-fail, skipped and cpu-fail.
+STATUSES = ("pass", "neuron-fail", "cpu-fail", "build-fail", "skipped", "timeout", "crash")
+# Families whose backward runs only in training mode (Reformer's reversible layers); their
+# tiny configs turn dropout off, so training mode is as deterministic as eval.
+TRAIN_MODE_BACKWARD = ("reformer",)
+_MISSING_PACKAGE = re.compile(r"requires the (\S+) librar", re.IGNORECASE)
 
 
 @dataclass
@@ -95,23 +44,28 @@ class ModeResult:
     neuron_ok: bool = False
     max_diff: float | None = None
     error: str | None = None  # "ErrorClass: message" of the first failure
+    seconds: float = 0.0  # wall time, CPU and neuron together
+    cpu_seconds: float = 0.0  # processor time of this process and its compiler children
+    graphs: int | None = None  # graphs compiled in this mode (compiled modes)
 
 
 @dataclass
 class ModelReport:
     model_type: str
     architecture: str
-    status: str = "pending"  # pass | neuron-fail | cpu-fail | unsupported | timeout | crash
+    status: str = "pending"  # one of STATUSES
     modes: dict[str, ModeResult] = field(default_factory=dict)
     seconds: float = 0.0
     compiles: int = 0
     peak_hbm: int = 0
     cores: int = 1
     params: int = 0
+    layers: int | None = None
     fallback_ops: dict[str, int] = field(default_factory=dict)
     fallback_traffic: dict[str, dict[str, int]] = field(default_factory=dict)  # bytes, calls
     downcast_ops: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    notes: list[str] = field(default_factory=list)  # config repairs
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,7 +86,24 @@ def _logits(out: Any) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out[0]
 
 
-def _run_mode(res: ModeResult, cpu_fn: Any, neuron_fn: Any, tol: float) -> None:
+def _cpu_time() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _run_mode(res: ModeResult, cpu_fn: Callable[[], list[Any]],
+              neuron_fn: Callable[[], list[Any]], tol: float) -> None:
+    start, cpu_start = time.perf_counter(), _cpu_time()
+    try:
+        _compare(res, cpu_fn, neuron_fn, tol)
+    finally:
+        res.seconds = time.perf_counter() - start
+        res.cpu_seconds = _cpu_time() - cpu_start
+
+
+def _compare(res: ModeResult, cpu_fn: Callable[[], list[Any]],
+             neuron_fn: Callable[[], list[Any]], tol: float) -> None:
     try:
         ref = cpu_fn()
         res.cpu_ok = True
@@ -145,6 +116,9 @@ def _run_mode(res: ModeResult, cpu_fn: Any, neuron_fn: Any, tol: float) -> None:
         res.error = _err(e)
         res.error += "\n" + "".join(traceback.format_exception(e)[-3:])[-800:]
         return
+    if len(got) != len(ref):
+        res.error = f"Mismatch: neuron returned {len(got)} tensors, CPU {len(ref)}"
+        return
     diffs = [_close(g, r) if isinstance(r, torch.Tensor) and r.is_floating_point()
              else float(not torch.equal(g.cpu(), r.cpu())) for g, r in zip(got, ref, strict=True)]
     res.max_diff = max(diffs) if diffs else 0.0
@@ -153,8 +127,131 @@ def _run_mode(res: ModeResult, cpu_fn: Any, neuron_fn: Any, tol: float) -> None:
         res.error = f"Mismatch: max relative difference {res.max_diff:.3g} > {tol:g}"
 
 
+def build_tiny(config: Any, model_cls: Any, task: str, min_layers: int = 2
+               ) -> tuple[Any, torch.nn.Module]:
+    """The tiny config and a random model of `model_cls` on CPU, ready for `task`."""
+    from neuronlocal.support import configs, tiny
+
+    cfg = tiny.shrink(configs.config_for_class(config, model_cls), min_layers=min_layers)
+    if task == "causal-lm" and hasattr(cfg, "is_decoder"):
+        cfg.is_decoder = True  # encoder families as causal LMs (BertLMHeadModel and friends)
+    torch.manual_seed(0)
+    model = model_cls(cfg).eval()
+    languages = getattr(cfg, "languages", None)
+    if hasattr(model, "set_default_language") and languages:
+        model.set_default_language(languages[0])  # X-MOD adapters need one picked
+    return cfg, model
+
+
+def _vocab(cfg: Any) -> int:
+    return int(getattr(cfg, "vocab_size", None) or cfg.get_text_config().vocab_size)
+
+
+def _forward_args(model_cls: Any) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(model_cls.forward).parameters) if model_cls else set()
+
+
+def make_inputs(cfg: Any, task: str, size: int, gen: torch.Generator,
+                model_cls: Any = None) -> dict[str, torch.Tensor]:
+    """Model inputs with labels: `size` is the sequence length (the batch size for images)."""
+    if task == "image-classification":
+        vision = getattr(cfg, "vision_config", None) or cfg
+        labels = torch.randint(0, max(int(getattr(cfg, "num_labels", 2)), 1), (size,),
+                               generator=gen)
+        if "pixel_values" not in _forward_args(model_cls):  # ImageGPT: pixels as token ids
+            ids = torch.randint(0, _vocab(cfg) - 1, (size, 16), generator=gen)
+            return {"input_ids": ids, "labels": labels}
+        channels = int(getattr(vision, "num_channels", 3) or 3)
+        side = getattr(vision, "image_size", 32) or 32
+        side = int(side[0] if isinstance(side, (list, tuple)) else side)
+        if "spatial_shapes" in _forward_args(model_cls):  # NaFlex: patches, not images
+            patch = int(getattr(vision, "patch_size", 16))
+            n = int(getattr(vision, "num_patches", 16))
+            grid = int(n ** 0.5)
+            return {"pixel_values": torch.randn(size, n, channels * patch * patch, generator=gen),
+                    "pixel_attention_mask": torch.ones(size, n, dtype=torch.long),
+                    "spatial_shapes": torch.tensor([[grid, n // grid]] * size),
+                    "labels": labels}
+        return {"pixel_values": torch.randn(size, channels, side, side, generator=gen),
+                "labels": labels}
+    books = int(getattr(cfg, "num_codebooks", 1) or 1)  # audio LMs: one row per codebook
+    ids = torch.randint(3, _vocab(cfg) - 1, (2 * books, size), generator=gen)
+    if task == "seq2seq" and getattr(cfg, "is_encoder_decoder", False):
+        labels = torch.randint(3, _vocab(cfg) - 1, (2 * books, max(size // 2, 2)), generator=gen)
+        return {"input_ids": ids, "labels": labels}
+    labels = ids if books == 1 else ids.view(2, books, size).transpose(1, 2)
+    return {"input_ids": ids, "labels": labels}
+
+
+def _to(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def _fwd_bwd(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    model.train(getattr(model.config, "model_type", None) in TRAIN_MODE_BACKWARD)
+    try:
+        out = model(**inputs)
+        _loss(out, inputs).backward()
+    finally:
+        model.eval()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return [_logits(out), _loss(out, inputs), *grads[:4], *grads[-4:]]
+
+
+def _loss(out: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's loss, or cross-entropy of its logits for heads that return none."""
+    loss = getattr(out, "loss", None)
+    if loss is not None:
+        return loss
+    logits = _logits(out)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, -2).float(),
+                                             inputs["labels"].flatten())
+
+
+def _graphs() -> int:
+    return int(torch.neuron.get_dynamo_metrics()["num_graphs"])
+
+
+def _shapes(config: Any, model_cls: Any, task: str, res: ModeResult) -> None:
+    """Compiled forward + backward at three sizes, default Dynamo config, vs CPU eager.
+
+    The first size compiles a static graph; the second makes Dynamo recompile with symbolic
+    sizes (automatic dynamic shapes, through neuron's fake tensors), which the backend
+    specialises per concrete size, as TorchNeuron does; the third reuses that. The model
+    keeps one layer of each kind (one layer for uniform stacks): compile time grows with
+    depth, what is tested does not.
+    """
+    sizes = SHAPE_BATCHES if task == "image-classification" else SHAPE_LENGTHS
+    gen = torch.Generator().manual_seed(3)
+    try:
+        cfg, cpu = build_tiny(config, model_cls, task, min_layers=1)
+        dev = copy.deepcopy(cpu).to("neuron")
+    except Exception as e:  # noqa: BLE001 - a model that cannot be built cannot be compared
+        res.error = "cpu: build: " + _err(e)
+        return
+    batches = [make_inputs(cfg, task, n, gen, model_cls) for n in sizes]
+
+    def on_cpu() -> list[torch.Tensor]:
+        return [t for b in batches for t in _fwd_bwd(cpu, b)]
+
+    def on_neuron() -> list[torch.Tensor]:
+        torch._dynamo.reset()  # a fresh frame: the first size compiles static, as in a new job
+        before = _graphs()
+        compiled = torch.compile(dev, backend="neuron")
+        try:
+            return [t for b in batches for t in _fwd_bwd(compiled, _to(b, "neuron"))]
+        finally:
+            res.graphs = _graphs() - before
+
+    _run_mode(res, on_cpu, on_neuron, 2e-3)
+
+
 def check_model(model_type: str, architecture: str, config: Any | None = None,
-                modes: tuple[str, ...] = MODES, seq: int = 12) -> ModelReport:
+                modes: tuple[str, ...] = MODES, seq: int = 12, task: str = "causal-lm",
+                model_cls: Any | None = None) -> ModelReport:
     """Runs one architecture on CPU and neuron in every mode; see the module docstring."""
     import transformers
     from transformers import CONFIG_MAPPING
@@ -162,76 +259,89 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     import torch_neuronx
     from neuronlocal.compile import metrics
     from neuronlocal.eager.tracking import get_fallback_traffic
+    from neuronlocal.support.configs import build_config
 
     rep = ModelReport(model_type, architecture)
     start = time.perf_counter()
     try:
-        cfg = shrink(config if config is not None else CONFIG_MAPPING[model_type]())
-        cls = getattr(transformers, architecture)
-        torch.manual_seed(0)
-        cpu = cls(cfg).eval()
+        model_cls = model_cls or getattr(transformers, architecture)
+        if config is None:  # the model type's default config, repaired if it fails validation
+            config, rep.notes = build_config(CONFIG_MAPPING[model_type], {})
+        cfg, cpu = build_tiny(config, model_cls, task)
         dev = copy.deepcopy(cpu).to("neuron")
     except Exception as e:  # noqa: BLE001
-        rep.status, rep.error = "unsupported", "build: " + _err(e)
+        missing = _MISSING_PACKAGE.search(str(e))
+        rep.status = "skipped" if missing else "build-fail"
+        rep.error = (f"needs the optional package {missing.group(1)}, not installed: "
+                     if missing else "build: ") + _err(e)
         rep.seconds = time.perf_counter() - start
         return rep
     rep.params = sum(p.numel() for p in cpu.parameters())
-    vocab = int(getattr(cfg, "vocab_size", None) or cfg.get_text_config().vocab_size)
-    torch.manual_seed(1)
-    ids = torch.randint(3, vocab - 1, (2, seq))
-    ids_n = ids.to("neuron")
+    rep.layers = next((getattr(cfg, k) for k in ("num_hidden_layers", "n_layer", "num_layers")
+                       if isinstance(getattr(cfg, k, None), int)), None)
+    gen = torch.Generator().manual_seed(1)
+    inputs = make_inputs(cfg, task, seq if task != "image-classification" else 2, gen, model_cls)
+    inputs_n = _to(inputs, "neuron")
     metrics.reset_dynamo_metrics()
     torch_neuronx.clear_op_tracking()
     torch.neuron.reset_peak_memory_stats()
-
-    def fwd_bwd(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-        model.zero_grad(set_to_none=True)
-        out = model(x, labels=x)
-        out.loss.backward()
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        return [_logits(out), out.loss, *grads[:4], *grads[-4:]]
-
     if "eager" in modes:
         rep.modes["eager"] = m = ModeResult()
-        _run_mode(m, lambda: fwd_bwd(cpu, ids), lambda: fwd_bwd(dev, ids_n), 2e-3)
+        _run_mode(m, lambda: _fwd_bwd(cpu, inputs), lambda: _fwd_bwd(dev, inputs_n), 2e-3)
     if "compile" in modes:
         rep.modes["compile"] = m = ModeResult()
+        before = _graphs()
         with torch.no_grad():
-            _run_mode(m, lambda: [_logits(cpu(ids))],
-                      lambda: [_logits(torch.compile(dev, backend="neuron")(ids_n))], 2e-3)
+            _run_mode(m, lambda: [_logits(cpu(**inputs))],
+                      lambda: [_logits(torch.compile(dev, backend="neuron")(**inputs_n))], 2e-3)
+        m.graphs = _graphs() - before
     if "generate" in modes:
         rep.modes["generate"] = m = ModeResult()
-
-        def gen(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-            with torch.no_grad():
-                return [model.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False,
-                                       cache_implementation="static")]
-        if getattr(cpu, "_can_compile_fullgraph", True) is False:
-            m.error = "unsupported: model does not support a static cache"
-        else:
-            _run_mode(m, lambda: gen(cpu, ids), lambda: gen(dev, ids_n), 0.0)
-    if "train" in modes:
+        _generate(m, cpu, dev, inputs, inputs_n)
+    if "shapes" in modes:
+        rep.modes["shapes"] = m = ModeResult()
+        _shapes(config, model_cls, task, m)
+    if "train" in modes:  # last: it changes the parameters
         rep.modes["train"] = m = ModeResult()
-
-        def step(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-            torch.manual_seed(2)  # same dropout masks: CPU and neuron draw from equal seeds
-            model.train()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            model.zero_grad(set_to_none=True)
-            model(x, labels=x).loss.backward()
-            opt.step()
-            model.eval()
-            params = list(model.parameters())
-            return [p.detach() for p in params[:4] + params[-4:]]
-        _run_mode(m, lambda: step(cpu, ids), lambda: step(dev, ids_n), 2e-3)
+        _run_mode(m, lambda: _train_step(cpu, inputs), lambda: _train_step(dev, inputs_n), 2e-3)
     rep.seconds = time.perf_counter() - start
-    rep.compiles = torch.neuron.get_dynamo_metrics()["num_graphs"]  # hits compile on Trainium too
+    rep.compiles = _graphs()  # hits compile on Trainium too
     rep.peak_hbm = torch.neuron.max_memory_allocated()
     rep.fallback_ops = torch_neuronx.get_fallback_ops()
     rep.fallback_traffic = get_fallback_traffic()
     rep.downcast_ops = torch_neuronx.get_downcast_ops()
     rep.status = classify(rep)
     return rep
+
+
+def _generate(m: ModeResult, cpu: torch.nn.Module, dev: torch.nn.Module,
+              inputs: dict[str, torch.Tensor], inputs_n: dict[str, torch.Tensor]) -> None:
+    def gen(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [model.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                                   cache_implementation="static")]
+
+    if getattr(cpu, "_can_compile_fullgraph", True) is False:
+        m.error = "unsupported: model does not support a static cache"
+        return
+    before = _graphs()
+    _run_mode(m, lambda: gen(cpu, inputs["input_ids"]), lambda: gen(dev, inputs_n["input_ids"]),
+              0.0)
+    m.graphs = _graphs() - before
+
+
+def _train_step(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    torch.manual_seed(2)  # same dropout masks: CPU and neuron draw from equal seeds
+    model.train()
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model.zero_grad(set_to_none=True)
+        model(**inputs).loss.backward()
+        opt.step()
+    finally:
+        model.eval()
+    params = list(model.parameters())
+    return [p.detach() for p in params[:4] + params[-4:]]
 
 
 def classify(rep: ModelReport) -> str:

@@ -1,17 +1,46 @@
-"""Support matrix output: markdown table and one static HTML page (sortable, filterable,
-with a bar chart by status drawn as inline SVG, so it opens offline)."""
+"""Support matrix output: markdown table, one static HTML page (sortable, filterable, with a
+bar chart by status drawn as inline SVG, so it opens offline) and README's summary block.
+
+Every number on every page comes from the JSON's `summary` (matrix.summary) through
+`headline()`, so README, markdown and HTML cannot state different counts.
+"""
 
 from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from neuronlocal.support.models import MODES
 
 COLORS = {"pass": "#2e7d32", "neuron-fail": "#c62828", "cpu-fail": "#9e9e9e",
-          "unsupported": "#f9a825", "timeout": "#6a1b9a", "crash": "#4e342e"}
+          "build-fail": "#f9a825", "skipped": "#90a4ae", "timeout": "#6a1b9a",
+          "crash": "#4e342e"}
+STATUS_MEANING = {
+    "pass": "runs on neuron and matches CPU in every mode that runs on CPU",
+    "neuron-fail": "fails or differs on neuron in a mode that runs on CPU",
+    "cpu-fail": "fails on CPU in every mode, so there is nothing to compare",
+    "build-fail": "the tiny model could not be built (config or class), nothing ran",
+    "skipped": "not run: a missing optional package, or past the memory bound",
+    "timeout": "no result within the time limit",
+    "crash": "the worker process died",
+}
+README_START = "<!-- support-summary:start -->"
+README_END = "<!-- support-summary:end -->"
+
+
+def headline(data: dict[str, Any]) -> str:
+    """The one sentence of counts, used verbatim on every page."""
+    s = data["summary"]
+    c = s["counts"]
+    untested = ", ".join(f"{k} {v}" for k, v in c.items() if k not in ("pass", "neuron-fail"))
+    return (f"{s['total']} {data['task']} architectures of transformers "
+            f"{data.get('transformers', '?')}: {s['tested']} tested on CPU and neuron, "
+            f"{s['passed']} pass in every mode ({s['pass_rate_of_tested']:.1%} of those "
+            f"tested), {c.get('neuron-fail', 0)} fail on neuron; {s['untested']} untested"
+            + (f" ({untested})" if untested else "") + ".")
 
 
 def _mode_cell(row: dict[str, Any], mode: str) -> str:
@@ -20,7 +49,8 @@ def _mode_cell(row: dict[str, Any], mode: str) -> str:
         return "-"
     if not m.get("cpu_ok"):
         return "cpu-fail" if not (m.get("error") or "").startswith("unsupported") else "n/a"
-    return "ok" if m.get("neuron_ok") else "FAIL"
+    cell = "ok" if m.get("neuron_ok") else "FAIL"
+    return f"{cell} ({m['graphs']}g)" if mode == "shapes" and m.get("graphs") else cell
 
 
 def _error(row: dict[str, Any]) -> str:
@@ -33,24 +63,42 @@ def _error(row: dict[str, Any]) -> str:
     return ""
 
 
+def _timing(data: dict[str, Any]) -> str:
+    s, run = data["summary"], data.get("run") or {}
+    per_mode = ", ".join(f"{k} {v / 60:.1f}" for k, v in s.get("mode_seconds", {}).items())
+    wall = (f"last run {run.get('wall_seconds', 0) / 60:.1f} min wall with -j {run['jobs']} "
+            f"for {run.get('rows_run', 0)} rows; " if run.get("jobs") else "")
+    return (f"Time: {wall}rows {s.get('row_seconds', 0) / 60:.1f} min in total; per mode (min): "
+            f"{per_mode or '-'}. Host emulation times, not Trainium timings.")
+
+
+def _untested(data: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(r["model_type"], r["status"], _error(r).splitlines()[0] if _error(r) else "")
+            for r in data["models"] if r["status"] not in ("pass", "neuron-fail")]
+
+
 def markdown(data: dict[str, Any]) -> str:
     s = data["summary"]
-    lines = [f"# Model support matrix: {data['task']}", "",
-             f"{s['counts'].get('pass', 0)} of {s['total']} architectures pass in every mode "
-             f"that runs on CPU; pass rate among architectures that run on CPU: "
-             f"**{s['pass_rate_of_cpu_runnable']:.1%}**.", "",
-             "Status counts: " + ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items())),
-             "", "| model type | architecture | status | " + " | ".join(MODES) +
-             " | seconds | compiles | peak HBM MiB | fallbacks | error |",
-             "|" + "---|" * (9 + len(MODES) - 4 + 3)]
+    head = ["model type", "architecture", "status", *MODES, "layers", "seconds", "compiles",
+            "peak HBM MiB", "fallback ops", "fallbacks", "error"]
+    lines = [f"# Model support matrix: {data['task']}", "", headline(data), "",
+             "Status counts: " + ", ".join(f"{k} {v}" for k, v in s["counts"].items()), "",
+             _timing(data), "",
+             "Statuses: " + "; ".join(f"**{k}** {v}" for k, v in STATUS_MEANING.items()) + ".",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in data["models"]:
         err = _error(r).replace("|", "\\|").replace("\n", " ")[:120]
-        fb = ", ".join(r.get("fallback_ops", {})) or "-"
+        fb = ", ".join(r.get("fallback_ops") or {}) or "-"
         lines.append(
             f"| {r['model_type']} | {r['architecture']} | {r['status']} | "
             + " | ".join(_mode_cell(r, m) for m in MODES)
-            + f" | {r.get('seconds', 0):.0f} | {r.get('compiles', 0)} | "
-            f"{r.get('peak_hbm', 0) / 2**20:.1f} | {fb} | {err} |")
+            + f" | {r.get('layers') or '-'} | {r.get('seconds', 0):.0f} | "
+            f"{r.get('compiles', 0)} | {r.get('peak_hbm', 0) / 2**20:.1f} | "
+            f"{len(r.get('fallback_ops') or {})} | {fb} | {err} |")
+    untested = _untested(data)
+    if untested:
+        lines += ["", "## Untested architectures", ""]
+        lines += [f"- **{mt}** ({st}): {why.replace('|', '/')[:300]}" for mt, st, why in untested]
     return "\n".join(lines) + "\n"
 
 
@@ -82,41 +130,70 @@ r.style.display=r.innerText.toLowerCase().includes(q)?'':'none';}}
 
 def html_page(data: dict[str, Any]) -> str:
     s = data["summary"]
-    head = ["model type", "architecture", "status", *MODES, "seconds", "compiles",
-            "peak HBM MiB", "fallbacks", "error"]
+    head = ["model type", "architecture", "status", *MODES, "layers", "seconds", "compiles",
+            "peak HBM MiB", "fallback ops", "fallbacks", "error"]
     ths = "".join(f'<th onclick="sortBy({i})">{h}</th>' for i, h in enumerate(head))
     body = []
     for r in data["models"]:
         color = COLORS.get(r["status"], "#607d8b")
         cells = [html.escape(r["model_type"]), html.escape(r["architecture"]),
                  f'<b style="color:{color}">{r["status"]}</b>',
-                 *(_mode_cell(r, m) for m in MODES)]
+                 *(_mode_cell(r, m) for m in MODES), str(r.get("layers") or "-")]
         tds = "".join(f"<td>{c}</td>" for c in cells)
+        fb = r.get("fallback_ops") or {}
         tds += (f'<td data-v="{r.get("seconds", 0):.1f}">{r.get("seconds", 0):.0f}</td>'
                 f'<td>{r.get("compiles", 0)}</td>'
                 f'<td data-v="{r.get("peak_hbm", 0)}">{r.get("peak_hbm", 0) / 2**20:.1f}</td>'
-                f'<td>{html.escape(", ".join(r.get("fallback_ops", {})) or "-")}</td>'
+                f'<td>{len(fb)}</td><td>{html.escape(", ".join(fb) or "-")}</td>'
                 f'<td class="e">{html.escape(_error(r)[:300])}</td>')
         body.append(f"<tr>{tds}</tr>")
+    legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in STATUS_MEANING.items())
+    untested = "".join(f"<li><b>{html.escape(mt)}</b> ({st}): {html.escape(why[:300])}</li>"
+                       for mt, st, why in _untested(data))
     return f"""<!doctype html><html><head><meta charset="utf-8">
 <title>neuronlocal support matrix: {data['task']}</title>
 <style>body{{font-family:sans-serif;margin:24px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ddd;padding:3px 6px}}th{{cursor:pointer;background:#f2f2f2}}
 td.e{{max-width:420px;font-size:11px;color:#555}}</style><script>{_SCRIPT}</script></head><body>
 <h1>Does it run on Trainium? {data['task']} architectures</h1>
-<p>{s['counts'].get('pass', 0)} of {s['total']} pass; pass rate among architectures that run on
-CPU: <b>{s['pass_rate_of_cpu_runnable']:.1%}</b>. Each model: tiny random config, eager
-forward+backward, compiled forward (backend neuron), static-cache generate, one AdamW step,
-each compared with CPU. Times are host emulation, not Trainium timings.</p>
+<p>{html.escape(headline(data))}</p>
+<p>Each model: a tiny random config that keeps the architecture's layer kinds, then every
+mode compared with CPU: {', '.join(MODES)} (compiled forward + backward at three sizes under
+the default Dynamo config, with the number of graphs compiled). {html.escape(_timing(data))}</p>
 {bar_chart(s['counts'])}
+<ul>{legend}</ul>
 <p><input id="q" placeholder="filter" oninput="filt()"></p>
 <table id="m"><thead><tr>{ths}</tr></thead><tbody>{''.join(body)}</tbody></table>
+{f'<h2>Untested architectures</h2><ul>{untested}</ul>' if untested else ''}
 </body></html>
 """
 
 
 def write_all(out_dir: Path, task: str, data: dict[str, Any]) -> None:
+    """Markdown and HTML next to the JSON (which matrix.save wrote)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"support-{task}.md").write_text(markdown(data))
     (out_dir / f"support-{task}.html").write_text(html_page(data))
-    (out_dir / f"support-{task}.json").write_text(json.dumps(data, indent=1, default=str))
+
+
+def readme_block(support_dir: Path, root: Path) -> str:
+    """README's summary of every committed matrix, generated from the JSON files."""
+    lines = [README_START]
+    for path in sorted(support_dir.glob("support-*.json")):
+        data = json.loads(path.read_text())
+        rel = path.resolve().relative_to(root.resolve())
+        lines.append(f"- **{data['task']}** ([table]({rel.with_suffix('.md').as_posix()}), "
+                     f"[HTML]({rel.with_suffix('.html').as_posix()})): {headline(data)}")
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, support_dir: Path) -> bool:
+    """Rewrites README's summary block from the JSON; True if it changed."""
+    text = readme.read_text()
+    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"{readme} has no {README_START} ... {README_END} block")
+    new = pattern.sub(lambda _: readme_block(support_dir, readme.parent), text)
+    readme.write_text(new)
+    return new != text

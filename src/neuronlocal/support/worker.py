@@ -1,20 +1,58 @@
-"""`python -m neuronlocal.support.worker MODEL_TYPE ARCH TASK`: one row of the matrix as JSON."""
+"""One row of the support matrix, computed in a process of its own.
+
+The matrix forks each row from a forkserver that imported this module once (and with it
+torch, transformers and neuronlocal), so a row costs its own work, not the imports, and a
+crash, hang or memory blow-up loses that row only. By hand:
+`python -m neuronlocal.support.worker MODEL_TYPE ARCH TASK` prints the row as JSON.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo  # noqa: F401 - imported once in the forkserver, not per row
+import torch._inductor.compile_fx  # noqa: F401
+import transformers
+from transformers.models.auto import modeling_auto  # noqa: F401
+
+from neuronlocal.support import configs, models, tiny  # noqa: F401
+
+
+def _quiet() -> None:
+    warnings.simplefilter("ignore")
+    transformers.logging.set_verbosity_error()
+    # One compile thread: rows already run in parallel, and a compile pool per row costs
+    # more to start than it saves on tiny graphs.
+    torch._inductor.config.compile_threads = 1
+
+
+def row(model_type: str, arch: str, task: str) -> dict[str, Any]:
+    _quiet()
+    rep = models.check_model(model_type, arch, modes=models.TASK_MODES[task], task=task)
+    return rep.as_dict()
+
+
+def run_to_file(model_type: str, arch: str, task: str, result: str, log: str) -> None:
+    """Forkserver entry: output goes to `log`, the row (JSON) to `result`, atomically."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    data = row(model_type, arch, task)
+    tmp = Path(result + ".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    tmp.replace(result)
+    sys.stdout.flush()
 
 
 def main() -> None:
     model_type, arch, task = sys.argv[1:4]
-    warnings.simplefilter("ignore")
-    from neuronlocal.support.matrix import TASK_MODES
-    from neuronlocal.support.models import check_model
-
-    rep = check_model(model_type, arch, modes=TASK_MODES[task])
-    print(json.dumps(rep.as_dict(), default=str), flush=True)
+    print(json.dumps(row(model_type, arch, task), default=str), flush=True)
 
 
 if __name__ == "__main__":

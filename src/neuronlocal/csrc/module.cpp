@@ -6,6 +6,8 @@
 namespace neuron {
 std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args);
 std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index);
+void bind_c10d(py::module_& m);  // c10d.cpp: the `neuron` process-group backend
+void bind_exit(py::module_& m);  // exit.cpp: drain autograd threads before finalization
 }  // namespace neuron
 
 namespace {
@@ -44,4 +46,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_clear_op_tracking", &neuron::clear_op_tracking);
   m.def("_bridge_in", &neuron::bridge_in, "neuron tensors -> CPU aliases (and the core index)");
   m.def("_bridge_out", &neuron::bridge_out, "CPU results -> neuron tensors on a core");
+  neuron::bind_c10d(m);
+  neuron::bind_exit(m);
 }

@@ -19,6 +19,9 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/extension.h>
 
+#include <atomic>
+#include <cstdio>
+#include <exception>
 #include <mutex>
 #include <sstream>
 
@@ -72,6 +75,56 @@ CollectiveError failure(const Where& w, const char* what, const std::string& cau
   } catch (const std::exception& ex) {
     throw failure(w, what, strip(ex));
   }
+}
+
+// ---- the one failure gloo cannot report -------------------------------------------------------
+// When ranks pass tensors of different sizes, gloo's I/O thread throws where nothing can
+// catch it and the process aborts with a bare SIGABRT. A full cross-rank check before every
+// collective (NEURONLOCAL_DIST_CHECKS=1) turns that into a ValueError but costs one more
+// small collective per call, so by default this terminate handler says what happened, on
+// which rank and in which collective, names the fix, and exits with status 1.
+std::atomic<const char*> g_last_what{nullptr};
+std::atomic<int64_t> g_last_numel{0};
+std::atomic<int> g_last_dtype{0};
+std::atomic<int> g_rank{-1};
+std::terminate_handler g_previous_terminate = nullptr;
+
+void on_terminate() {
+  std::string cause;
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      cause = ex.what();
+    } catch (...) {
+    }
+  }
+  const char* what = g_last_what.load();
+  if (what != nullptr && cause.find("gloo") != std::string::npos) {
+    bool sizes = cause.find("size doesn't match") != std::string::npos;
+    auto dtype = static_cast<c10::ScalarType>(g_last_dtype.load());
+    std::fprintf(stderr,
+                 "neuron backend: rank %d: %s (the last collective issued here was %s of %lld "
+                 "%s elements). gloo cannot recover, so the process exits. Every rank must pass "
+                 "tensors of the same shape and dtype to the same collective, in the same "
+                 "order; NEURONLOCAL_DIST_CHECKS=1 checks that before every collective and "
+                 "raises a ValueError listing each rank's shapes. gloo said: %s\n",
+                 g_rank.load(),
+                 sizes ? "the ranks passed tensors of different sizes to a collective"
+                       : "a collective failed inside gloo's I/O thread",
+                 what, static_cast<long long>(g_last_numel.load()),
+                 std::string(c10::getDtypeNames(dtype).first).c_str(), cause.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  if (g_previous_terminate != nullptr) g_previous_terminate();
+  std::abort();
+}
+
+void install_terminate_guard(int rank) {
+  static std::once_flag once;
+  g_rank = rank;
+  std::call_once(once, [] { g_previous_terminate = std::set_terminate(&on_terminate); });
 }
 
 bool python_alive() {
@@ -288,7 +341,9 @@ class NeuronBackend : public c10d::Backend {
                 std::string timeout, bool checks)
       : Backend(rank, size), gloo_(std::move(gloo)),
         where_(std::make_shared<const Where>(Where{rank, size, std::move(timeout)})),
-        record_rank_(record_rank), checks_(checks) {}
+        record_rank_(record_rank), checks_(checks) {
+    install_terminate_guard(record_rank);
+  }
 
   const std::string getBackendName() const override { return "neuron"; }
   void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
@@ -512,6 +567,11 @@ class NeuronBackend : public c10d::Backend {
  private:
   template <typename Start>
   WorkPtr issue(const char* what, OpType type, std::vector<at::Tensor> result, Start&& start) {
+    if (!result.empty()) {  // for the terminate guard's message
+      g_last_numel = result[0].numel();
+      g_last_dtype = static_cast<int>(result[0].scalar_type());
+    }
+    g_last_what = what;
     std::vector<WorkPtr> inner;
     {
       NoPythonObjects clean;

@@ -2,9 +2,11 @@
 
 `collectives`: every collective on neuron tensors (sync and async) against the expected
 values, functional collectives eager and compiled. `train`: the validation pattern of
-TorchNeuron (spec section 4): one job per (device, backend), DDP, FSDP2, TP (+ sequence
+TorchNeuron: one job per (device, backend), DDP, FSDP2, TP (+ sequence
 parallel) and TP x FSDP with activation checkpointing, dumping loss per step, grads and
-parameters per rank for the test to compare. `die`: rank 1 exits mid-job.
+parameters per rank for the test to compare (`--model llama`: a small HF Llama, sharded per
+decoder layer). `sft`: TRL's SFTTrainer with torch_compile=True. `die`: rank 1 exits
+mid-job. `mismatch`: ranks pass different shapes. `exit`: DDP trains and returns.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-DIM, HIDDEN, SEQ, BATCH, STEPS = 16, 32, 8, 4, 3
+DIM, HIDDEN, SEQ, BATCH, STEPS, VOCAB = 16, 32, 8, 4, 3, 256
 
 
 # --- collectives -------------------------------------------------------------------------
@@ -192,14 +194,75 @@ def tp_plan() -> dict[str, Any]:
     return plan
 
 
+LLAMA_TP_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
+                 "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise",
+                 "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
+
+
+def llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # 1.6 MB of parameters: DDP (1 MB buckets) gets two buckets, so compiled DDP splits the
+    # graph; 4 heads of each kind shard over 2 or 4 TP ranks.
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=64, use_cache=False)
+    return LlamaForCausalLM(cfg)
+
+
+def shard(model: nn.Module, kind: str, mode: str, device_type: str, w: int) -> tuple[int, int]:
+    """Applies `mode` to `model` in place; returns (data-parallel rank, data-parallel size)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    blocks = model.blocks if kind == "net" else model.model.layers
+
+    def tensor_parallel(tp_mesh: Any) -> None:
+        if kind == "net":
+            parallelize_module(model, tp_mesh, tp_plan())
+            return
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        for layer in blocks:
+            parallelize_module(layer, tp_mesh, {k: styles[v]() for k, v in LLAMA_TP_PLAN.items()})
+
+    if mode == "tp":
+        tensor_parallel(init_device_mesh(device_type, (w,)))
+        return 0, 1
+    if mode == "fsdp":
+        mesh = init_device_mesh(device_type, (w,))
+        for blk in blocks:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return dist.get_rank(), w
+    mesh2 = init_device_mesh(device_type, (2, w // 2), mesh_dim_names=("dp", "tp"))
+    tensor_parallel(mesh2["tp"])
+    for blk in blocks:
+        fully_shard(blk, mesh=mesh2["dp"])
+    fully_shard(model, mesh=mesh2["dp"])
+    return mesh2["dp"].get_local_rank(), 2
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
 
 
-def train(out: Path, device_type: str, backend: str, modes: list[str], compiled: bool) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import parallelize_module
+def batch(kind: str, step: int, dp_rank: int, rows: int, dev: torch.device
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + dp_rank)
+    if kind == "llama":
+        ids = torch.randint(0, VOCAB, (rows, SEQ), generator=g).to(dev)
+        return ids, ids
+    x = torch.randn(rows, SEQ, DIM, generator=g)
+    return x.to(dev), torch.randn(x.shape, generator=g).to(dev)
+
+
+def train(out: Path, device_type: str, backend: str, modes: list[str], compiled: bool,
+          kind: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group(backend=backend)
@@ -211,36 +274,21 @@ def train(out: Path, device_type: str, backend: str, modes: list[str], compiled:
         assert torch.neuron.current_device() == local
     for mode in modes:
         torch.manual_seed(0)
-        model = Net().to(dev)
-        dp_rank, dp_size = r, w
+        model = (Net() if kind == "net" else llama()).to(dev)
         if mode == "ddp":
-            model = DDP(model)
-        elif mode == "fsdp":
-            mesh = init_device_mesh(device_type, (w,))
-            for blk in model.blocks:
-                fully_shard(blk, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-        elif mode == "tp":
-            mesh = init_device_mesh(device_type, (w,))
-            parallelize_module(model, mesh, tp_plan())
-            dp_rank, dp_size = 0, 1
-        elif mode == "tp_fsdp":
-            mesh2 = init_device_mesh(device_type, (2, w // 2), mesh_dim_names=("dp", "tp"))
-            parallelize_module(model, mesh2["tp"], tp_plan())
-            for blk in model.blocks:
-                fully_shard(blk, mesh=mesh2["dp"])
-            fully_shard(model, mesh=mesh2["dp"])
-            dp_rank, dp_size = mesh2["dp"].get_local_rank(), 2
+            model, dp_rank, dp_size = DDP(model, bucket_cap_mb=1), r, w
+        else:
+            dp_rank, dp_size = shard(model, kind, mode, device_type, w)
+        torch._dynamo.reset()
         step_fn = torch.compile(model, backend="neuron" if device_type == "neuron" else
                                 "inductor", dynamic=False) if compiled else model
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         losses, grads = [], {}
         for step in range(STEPS):
-            g = torch.Generator().manual_seed(100 * step + dp_rank)
-            x = torch.randn(BATCH // dp_size if mode == "tp_fsdp" else BATCH, SEQ, DIM,
-                            generator=g).to(dev)
-            y = torch.randn(x.shape, generator=g).to(dev)
-            loss = F.mse_loss(step_fn(x), y)
+            x, y = batch(kind, step, dp_rank, BATCH // dp_size if mode == "tp_fsdp" else BATCH,
+                         dev)
+            loss = step_fn(input_ids=x, labels=y).loss if kind == "llama" else \
+                F.mse_loss(step_fn(x), y)
             loss.backward()
             losses.append(float(loss.detach().cpu()))
             if step == STEPS - 1:
@@ -248,7 +296,8 @@ def train(out: Path, device_type: str, backend: str, modes: list[str], compiled:
             opt.step()
             opt.zero_grad()
         params = {n: _full(p) for n, p in model.named_parameters()}
-        torch.save({"loss": losses, "grads": grads, "params": params},
+        graphs = torch._dynamo.utils.counters["aot_autograd"]["total"]  # compiled graphs
+        torch.save({"loss": losses, "grads": grads, "params": params, "graphs": graphs},
                    out / f"{mode}_{device_type}_{r}.pt")
         dist.barrier()
     dist.destroy_process_group()
@@ -271,43 +320,105 @@ def die(out: Path) -> None:
         msg = f"{type(e).__name__}: {e}"
     (out / f"die_{r}.json").write_text(json.dumps({"error": msg,
                                                    "seconds": time.monotonic() - start}))
-    os._exit(0)
+    dist.destroy_process_group()  # a survivor tears down and exits 0 (the test checks)
 
 
 def mismatch(out: Path) -> None:
+    """Rank r all-reduces 4 + r elements, then (with the checks on) a different dtype."""
     dist.init_process_group(backend="neuron")
     r = dist.get_rank()
     res = {}
-    for name, t in (("shape", torch.ones(4 + r, device="neuron")),
-                    ("dtype", torch.ones(4, device="neuron",
-                                         dtype=torch.float32 if r else torch.int32))):
+    cases = [("shape", torch.ones(4 + r, device="neuron"))]
+    if os.environ.get("NEURONLOCAL_DIST_CHECKS") == "1":  # without checks gloo cannot go on
+        cases.append(("dtype", torch.ones(4, device="neuron",
+                                          dtype=torch.float32 if r else torch.int32)))
+    for name, t in cases:
         try:
             dist.all_reduce(t)
             res[name] = "no error"
         except Exception as e:  # noqa: BLE001
             res[name] = f"{type(e).__name__}: {e}"
     (out / f"mismatch_{r}.json").write_text(json.dumps(res))
-    # Tearing down gloo after a failed collective sometimes aborts the process ("terminate
-    # called without an active exception", gloo's threads); exit without teardown.
-    os._exit(0)
+    dist.destroy_process_group()
+
+
+def exit_after_training(out: Path) -> None:
+    """DDP trains, the group is destroyed, the script returns: the exit status must be 0."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(backend="neuron")
+    model = DDP(Net(ac=False).to("neuron"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch("net", step, dist.get_rank(), BATCH, torch.device("neuron"))
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+
+
+def sft(out: Path, device_type: str, backend: str, compiled: bool) -> None:
+    """TRL's SFTTrainer (torch_compile=`compiled`) on every rank, DDP through accelerate. SGD,
+    so parameter differences track gradient differences (Adam's first steps are sign-like)."""
+    import tempfile
+
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    texts = [f"the quick brown fox {i} jumps over the lazy dog {i * 7 % 13}" for i in range(64)]
+    raw = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.train_from_iterator(texts, trainers.WordLevelTrainer(
+        special_tokens=["<unk>", "<pad>", "<eos>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", pad_token="<pad>",
+                                  eos_token="<eos>")
+    dist.init_process_group(backend=backend)
+    r = dist.get_rank()
+    path = out / f"sft_model_{device_type}"
+    if r == 0:
+        torch.manual_seed(0)
+        llama().save_pretrained(path)
+    dist.barrier()
+    args = SFTConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, max_steps=3,
+                     learning_rate=1e-3, logging_steps=1, report_to=[], packing=True,
+                     max_length=16, save_strategy="no", seed=0, dataloader_num_workers=0,
+                     disable_tqdm=True, use_cpu=device_type == "cpu", torch_compile=compiled,
+                     optim="sgd", pad_to_multiple_of=16,  # TRL pads to 128 on neuron only
+                     torch_compile_backend="neuron" if device_type == "neuron" else "inductor")
+    trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=args,
+                         train_dataset=Dataset.from_dict({"text": texts}), processing_class=tok)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    params = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()}
+    graphs = torch._dynamo.utils.counters["aot_autograd"]["total"]  # compiled graphs
+    torch.save({"loss": losses, "params": params, "grads": {}, "graphs": graphs},
+               out / f"sft_{device_type}_{r}.pt")
+    dist.destroy_process_group()
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("job", choices=["collectives", "train", "die", "mismatch"])
+    p.add_argument("job", choices=["collectives", "train", "die", "mismatch", "exit", "sft"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="neuron")
     p.add_argument("--backend", default="neuron")
     p.add_argument("--modes", default="ddp,fsdp,tp,tp_fsdp")
     p.add_argument("--compiled", action="store_true")
+    p.add_argument("--model", choices=["net", "llama"], default="net")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.job == "collectives":
         collectives(a.out)
     elif a.job == "train":
-        train(a.out, a.device, a.backend, a.modes.split(","), a.compiled)
+        train(a.out, a.device, a.backend, a.modes.split(","), a.compiled, a.model)
     elif a.job == "die":
         die(a.out)
+    elif a.job == "exit":
+        exit_after_training(a.out)
+    elif a.job == "sft":
+        sft(a.out, a.device, a.backend, a.compiled)
     else:
         mismatch(a.out)
     sys.exit(0)

@@ -1,12 +1,13 @@
-"""The `neuron` c10d backend (spec section 4), checked against plain CPU + gloo.
+"""The `neuron` c10d backend, checked against plain CPU + gloo.
 
 Multi-rank tests launch `tests/dist_jobs.py` under torchrun (2 to 4 ranks on localhost, gloo
-underneath) and read what each rank wrote. The compiled training matrix and the example
-are slow tests.
+underneath) and read what each rank wrote. The compiled training matrix, the 20-run exit
+test and the example are slow tests.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -22,6 +23,8 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).with_name("dist_jobs.py")
 MODES = ("ddp", "fsdp", "tp", "tp_fsdp")
+# The reference runs are plain PyTorch: neuronlocal not loaded, gloo on CPU.
+RUNS = (("cpu", "gloo", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}), ("neuron", "neuron", {}))
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed missing")
 
@@ -60,6 +63,17 @@ def single_rank():
     dist.destroy_process_group()
 
 
+def test_group_is_a_stock_process_group(single_rank):
+    from neuronlocal.distributed import NeuronCollectiveError
+
+    # Dynamo traces only the stock C++ type (a Python subclass made compiled DDP fail).
+    assert type(single_rank) is dist.ProcessGroup
+    neuron = single_rank._get_backend(torch.device("neuron"))
+    assert neuron.name() == "neuron"
+    assert single_rank._get_backend(torch.device("cpu")).name() == "neuron"
+    assert issubclass(NeuronCollectiveError, dist.DistBackendError)
+
+
 def test_single_rank_collectives_and_bad_input(single_rank):
     t = torch.arange(6., device="neuron")
     ptr = t.data_ptr()
@@ -76,6 +90,26 @@ def test_single_rank_collectives_and_bad_input(single_rank):
         dist.all_to_all_single(out, out, [2, 4], [3, 3])
     with pytest.raises(ValueError, match="all_to_all supports only even splits"):
         dist.all_to_all([torch.empty(2, device="neuron")], [torch.empty(3, device="neuron")])
+
+
+def test_compiled_ddp_and_functional_collectives_trace_the_group(single_rank):
+    """torch.compile(DDP(model)) and fullgraph functional collectives on the neuron group."""
+    import torch.distributed._functional_collectives as fc
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda v: fc.all_reduce(v * 2, "sum", single_rank) + 1, backend="neuron",
+                      fullgraph=True)
+    torch.testing.assert_close(f(torch.ones(3, device="neuron")).cpu(), torch.full((3,), 3.))
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    model = DDP(copy.deepcopy(ref).to("neuron"))
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(4, 8)
+    compiled(x.to("neuron")).sum().backward()
+    ref(x).sum().backward()
+    for (name, p), q in zip(model.module.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, msg=name)
 
 
 def test_too_many_ranks_per_node_is_a_clear_error(fresh_python):
@@ -114,42 +148,73 @@ def test_collectives_on_four_ranks(tmp_path):
             assert {"reduce", "gather"} <= set(res)
 
 
-def _compare(out: Path, modes: tuple[str, ...], nproc: int, atol: float = 1e-5) -> None:
+def _compare(out: Path, modes: tuple[str, ...], nproc: int, atol: float = 1e-5,
+             loss_atol: float | None = None) -> None:
     for mode in modes:
         for rank in range(nproc):
             cpu = torch.load(out / f"{mode}_cpu_{rank}.pt")
             neu = torch.load(out / f"{mode}_neuron_{rank}.pt")
-            torch.testing.assert_close(neu["loss"], cpu["loss"], atol=atol, rtol=1e-4)
+            torch.testing.assert_close(neu["loss"], cpu["loss"], atol=loss_atol or atol, rtol=1e-4)
+            diffs = {"loss": max(abs(a - b) for a, b in zip(neu["loss"], cpu["loss"], strict=True))}
             for key in ("grads", "params"):
                 assert cpu[key].keys() == neu[key].keys()
+                diffs[key] = max([(neu[key][n] - cpu[key][n]).abs().max().item()
+                                  for n in cpu[key]], default=0.0)
                 for name in cpu[key]:
                     torch.testing.assert_close(neu[key][name], cpu[key][name], atol=atol,
                                                rtol=1e-4, msg=f"{mode} rank {rank} {key} {name}")
+            print(f"{mode} rank {rank}/{nproc}: max |diff| " +  # shown with pytest -s
+                  ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
 
 
-def _train_both(out: Path, compiled: bool, modes: tuple[str, ...] = MODES) -> None:
-    flags = ["--compiled", "--modes", ",".join(modes)] if compiled else []
-    for device, backend in (("cpu", "gloo"), ("neuron", "neuron")):
+def _train_both(out: Path, nproc: int, modes: tuple[str, ...] = MODES,
+                extra: tuple[str, ...] = ()) -> None:
+    for device, backend, env in RUNS:
         r = torchrun(["train", "--out", str(out), "--device", device, "--backend", backend,
-                      *flags], 4, timeout=900)
+                      "--modes", ",".join(modes), *extra], nproc, timeout=1500, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_training_matches_cpu_gloo_rank_by_rank(tmp_path):
     """DDP, FSDP2, TP + sequence parallel, TP x FSDP (2x2), activation checkpointing."""
-    _train_both(tmp_path, compiled=False)
+    _train_both(tmp_path, 4)
     _compare(tmp_path, MODES, 4)
 
 
+# The compile backend hands Inductor plain CPU aliases of DTensor parameters, so a compiled
+# tensor-parallel model fails there ("aten.addmm.default got mixed torch.Tensor and DTensor")
+# before any collective runs; the same job on CPU + gloo (inductor) passes. strict: this
+# fails once the compile bridge keeps tensor subclasses.
+_TP_BLOCKED = pytest.mark.xfail(
+    reason="compile backend: DTensor parameters become plain CPU aliases in the graph inputs",
+    strict=True)
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(reason="Dynamo treats the Python NeuronProcessGroup as an opaque object and "
-                   "fails on compiled DDP (UnsafeScriptObjectError); not fixed yet", strict=False)
-def test_compiled_training_matches_cpu_gloo_rank_by_rank(tmp_path):
-    # TP x FSDP compiled is left out: stock PyTorch 2.13 fails it on CPU + gloo too
-    # ("Could not resolve the process group registered under the name ...").
-    modes = ("ddp", "fsdp", "tp")
-    _train_both(tmp_path, compiled=True, modes=modes)
-    _compare(tmp_path, modes, 4, atol=1e-4)
+@pytest.mark.parametrize("nproc,mode", [
+    (2, "ddp"), (2, "fsdp"), pytest.param(2, "tp", marks=_TP_BLOCKED),
+    (4, "ddp"), (4, "fsdp"), pytest.param(4, "tp", marks=_TP_BLOCKED),
+    pytest.param(4, "tp_fsdp", marks=_TP_BLOCKED)])
+def test_compiled_llama_matches_cpu_gloo_compiled_rank_by_rank(tmp_path, nproc, mode):
+    """torch.compile (neuron vs inductor on CPU + gloo) of a small HF Llama: compiled DDP
+    (DDPOptimizer splits the graph per bucket), FSDP2 per decoder layer, TP, TP x FSDP."""
+    _train_both(tmp_path, nproc, (mode,), ("--compiled", "--model", "llama"))
+    _compare(tmp_path, (mode,), nproc, atol=1e-4)
+    if mode == "ddp":  # two buckets: DDPOptimizer compiles one graph per bucket
+        assert torch.load(tmp_path / "ddp_neuron_0.pt")["graphs"] > 1
+
+
+@pytest.mark.slow
+def test_compiled_sft_trainer_matches_cpu_gloo_on_two_ranks(tmp_path):
+    """TRL's SFTTrainer, torch_compile=True, DDP over 2 ranks (accelerate picks neuron)."""
+    for device, backend, env in RUNS:
+        r = torchrun(["sft", "--out", str(tmp_path), "--device", device, "--backend", backend,
+                      "--compiled"], 2, timeout=1500, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+    # TRL's fused LM-head loss differs by ~3e-5 relative between the devices (the parameters,
+    # trained with SGD, agree to 1e-6), so the logged loss gets a looser bound.
+    _compare(tmp_path, ("sft",), 2, atol=1e-5, loss_atol=5e-4)
+    assert torch.load(tmp_path / "sft_neuron_0.pt")["graphs"] > 0  # it did compile
 
 
 def test_two_node_torchrun_on_loopback(tmp_path):
@@ -171,24 +236,27 @@ def test_two_node_torchrun_on_loopback(tmp_path):
         torch.testing.assert_close(a["params"][name], b["params"][name])
 
 
-def spawn(args: list[str], nproc: int, timeout: int = 200) -> list[int]:
+def spawn(args: list[str], nproc: int, timeout: int = 200, env: dict[str, str] | None = None
+          ) -> list[tuple[int, str]]:
     """Starts ranks directly (no torchrun agent, which would SIGTERM survivors of a dead rank
-    before they can report what they saw); returns their exit codes."""
+    before they can report what they saw); returns their exit codes and stderr."""
     port = str(free_port())
     procs = []
     for rank in range(nproc):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        env.pop("NEURON_RT_VISIBLE_CORES", None)
-        procs.append(subprocess.Popen([sys.executable, str(JOBS), *args], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    return [p.wait(timeout=timeout) for p in procs]
+        rank_env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank),
+                    "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                    "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port, **(env or {})}
+        rank_env.pop("NEURON_RT_VISIBLE_CORES", None)
+        procs.append(subprocess.Popen([sys.executable, str(JOBS), *args], env=rank_env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True))
+    return [(p.wait(timeout=timeout), p.communicate()[1]) for p in procs]
 
 
 def test_dead_rank_fails_the_others_quickly(tmp_path):
-    codes = spawn(["die", "--out", str(tmp_path)], 3)
-    assert codes[1] == 3  # the rank that died
+    codes = [code for code, _ in spawn(["die", "--out", str(tmp_path)], 3)]
+    assert codes == [0, 3, 0]  # rank 1 died; the survivors caught the error and tore down
     for rank in (0, 2):
         res = json.loads((tmp_path / f"die_{rank}.json").read_text())
         assert res["error"].startswith("NeuronCollectiveError"), res
@@ -201,8 +269,56 @@ def test_mismatched_shapes_and_dtypes_are_clear_errors(tmp_path):
                  timeout=200)
     assert r.returncode == 0, r.stderr[-3000:]
     for res in results(tmp_path, "mismatch", 2):
+        assert res["shape"].startswith("ValueError")
         assert "torch.float32[4]" in res["shape"] and "torch.float32[5]" in res["shape"]
         assert "torch.int32[4]" in res["dtype"] and "mismatched inputs" in res["dtype"]
+
+
+def test_mismatched_shapes_without_checks_say_what_happened(tmp_path):
+    """Default settings: gloo aborts a rank from its I/O thread on a size mismatch. Every
+    rank must still end with a clear error (a NeuronCollectiveError, or the one-line
+    message and exit status 1), never a bare SIGABRT."""
+    runs = spawn(["mismatch", "--out", str(tmp_path)], 2)
+    for rank, (code, err) in enumerate(runs):
+        assert code >= 0, f"rank {rank} was killed by signal {-code}: {err[-2000:]}"
+        path = tmp_path / f"mismatch_{rank}.json"
+        if path.exists():
+            assert json.loads(path.read_text())["shape"].startswith("NeuronCollectiveError")
+        else:
+            assert code == 1
+            assert "neuron backend: rank" in err and "tensors of different sizes" in err
+            assert "all_reduce" in err and "NEURONLOCAL_DIST_CHECKS=1" in err
+
+
+def _exit_cleanly(nproc: int, runs: int) -> None:
+    for i in range(runs):
+        r = torchrun(["exit", "--out", "unused"], nproc, timeout=300)
+        assert r.returncode == 0, f"run {i + 1} of {runs}: {r.stderr[-3000:]}"
+
+
+def test_job_that_succeeds_exits_zero():
+    """A DDP job that trains, destroys its group and returns exits 0 (it aborted at exit in
+    about half of the runs when autograd or gloo threads released Python objects late)."""
+    _exit_cleanly(2, 2)
+
+
+@pytest.mark.slow
+def test_job_that_succeeds_exits_zero_twenty_times():
+    _exit_cleanly(2, 20)
+
+
+def test_script_ending_in_backward_exits_zero(fresh_python):
+    """The core's autograd thread finishes its last task before the interpreter finalizes."""
+    code = """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4)).to("neuron")
+        for _ in range(3):
+            m(torch.randn(8, 16, device="neuron")).sum().backward()
+    """
+    for _ in range(3):
+        r = fresh_python(code)
+        assert r.returncode == 0, r.stderr[-2000:]
 
 
 @pytest.mark.slow

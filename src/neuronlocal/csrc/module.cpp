@@ -8,6 +8,8 @@ std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>&
                                                   bool reuse);
 std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index,
                                    const std::vector<bool>& to_neuron);
+void bind_c10d(py::module_& m);  // c10d.cpp: the `neuron` process-group backend
+void bind_exit(py::module_& m);  // exit.cpp: drain autograd threads before finalization
 }  // namespace neuron
 
 namespace {
@@ -69,4 +71,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("args"), py::arg("reuse") = false);
   m.def("_bridge_out", &neuron::bridge_out, "CPU results -> neuron tensors on a core",
         py::arg("outs"), py::arg("index"), py::arg("to_neuron") = std::vector<bool>{});
+  neuron::bind_c10d(m);
+  neuron::bind_exit(m);
 }

@@ -1,4 +1,4 @@
-"""Distributed: the `neuron` c10d backend (spec section 4) and functional collectives.
+"""Distributed: the `neuron` c10d backend.
 
 `register()` is called once from `neuronlocal/__init__.py`. It registers backend `neuron`
 for device type `neuron`, so both `init_process_group(backend="neuron")` and a bare
@@ -16,13 +16,12 @@ import torch.distributed as dist
 from neuronlocal.distributed.backend import (
     BACKEND,
     NeuronCollectiveError,
-    NeuronProcessGroup,
-    NeuronWork,
+    install_hooks,
     make_creator,
+    make_group,
 )
 
-__all__ = ["BACKEND", "NeuronCollectiveError", "NeuronProcessGroup", "NeuronWork",
-           "bind_rank", "register"]
+__all__ = ["BACKEND", "NeuronCollectiveError", "bind_rank", "make_group", "register"]
 
 _bound = False
 
@@ -76,11 +75,10 @@ def bind_rank() -> None:
 
 
 def register() -> None:
-    """Registers backend `neuron` for device `neuron` and the functional-collective kernels."""
+    """Registers backend `neuron` for device `neuron` (functional collectives included: c10d
+    dispatches them to the group's backend by device)."""
     if not dist.is_available() or BACKEND.upper() in dist.Backend._plugins:
         return
-    from neuronlocal.distributed import functional
-
+    install_hooks()
     dist.Backend.register_backend(BACKEND, make_creator(bind_rank), extended_api=True,
                                   devices=["neuron"])
-    functional.register()

@@ -1,13 +1,13 @@
-"""`nki_op` and `wrap_nki`: TorchNeuron's way to expose kernels as PyTorch ops (spec 5.1).
+"""`nki_op` and `wrap_nki`: TorchNeuron's way to expose kernels as PyTorch ops.
 
 On Trainium the kernel body is NKI compiled by neuronx-cc. Here it is Python/PyTorch code
 run on the host. `nki_op` builds a `torch.library` custom op whose body is its CPU kernel;
 on neuron the C++ eager fallback runs it once on zero-copy CPU aliases of the neuron
 arguments and adopts the results as neuron tensors: intermediate ops never go through the
 neuron dispatch, so a fused body costs one dispatch instead of one per op. The same body is
-the CPU implementation, which is what runs inside `torch.compile(backend="neuron")` (the compiled graph runs on CPU aliases),
-where the op stays one graph node. The fake implementation defaults to the body itself run
-on fake tensors (shape/dtype inference without data).
+what runs inside `torch.compile(backend="neuron")` (the compiled graph runs on CPU
+aliases), where the op stays one graph node. The fake implementation defaults to the body
+itself run on fake tensors (shape/dtype inference without data).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ setup: $(BIN)/neuronlocal
 $(BIN)/neuronlocal: pyproject.toml setup.py constraints.txt requirements-dev.txt $(wildcard src/neuronlocal/csrc/*)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints.txt -r requirements-dev.txt
-	$(BIN)/pip install -q -c constraints.txt --no-build-isolation -e .
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(BIN)/pip install -q -c constraints.txt --no-build-isolation -e .
 	touch $@
 
 demo: setup

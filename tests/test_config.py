@@ -27,7 +27,7 @@ from neuronlocal.config import (
     env_seconds,
     parse_flag,
 )
-from neuronlocal.distributed import checks
+from neuronlocal.distributed.backend import checks_enabled
 
 # Bad values per kind of variable (every kind in ENV_VARS must be here: a new kind needs its
 # bad values). The first one of each is used in the subprocess test; the examples
@@ -129,7 +129,7 @@ def test_parse_flag(raw, want):
 @pytest.mark.parametrize("read", [
     lambda: env_flag("TORCH_NEURONX_DISABLE_NEFF_CACHE"),
     cache.disabled,
-    checks.enabled,
+    checks_enabled,
     lambda: env_flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"),
 ])
 def test_every_boolean_reader_uses_the_one_rule(monkeypatch, read):

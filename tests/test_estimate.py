@@ -283,7 +283,7 @@ def test_capture_costs_eager_steps_and_graph_calls_and_leaves_no_mode():
     assert snap["summary"]["usd_per_hour"] == rates.PRICES[snap["instance"]].usd_per_hour
 
 
-def test_run_report_shows_estimated_step_and_cost(tmp_path, capsys):
+def test_run_report_shows_estimated_step_and_cost(tmp_path, capfd):
     script = tmp_path / "train.py"
     script.write_text(
         "import torch\n"
@@ -300,7 +300,7 @@ def test_run_report_shows_estimated_step_and_cost(tmp_path, capsys):
     assert rep["ranks"][0]["graphs"][0]["estimate"]["tensor_flops"] == 2 * 4 * 32 * 32
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "Estimated Trainium time and cost" in html and "per 1000 steps" in html
-    assert "estimated Trainium step" in capsys.readouterr().err
+    assert "estimated Trainium step" in capfd.readouterr().err
 
 
 def test_factors_roofline_picks_the_slowest_engine():

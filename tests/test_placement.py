@@ -199,7 +199,7 @@ def test_native_placement_env(fresh_python):
     assert json.loads(r.stdout.splitlines()[-1]) == {}
     bad = fresh_python("import torch; torch.ones(1, device='neuron')",
                        env={"NEURONLOCAL_OP_PLACEMENT": "gpu"})
-    assert "NEURONLOCAL_OP_PLACEMENT='gpu' is not a placement; use 'trainium'" in bad.stderr
+    assert "NEURONLOCAL_OP_PLACEMENT='gpu' is not supported; use trainium or native" in bad.stderr
 
 
 def test_device_composites_stay_one_device_op():

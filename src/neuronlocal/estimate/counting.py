@@ -224,9 +224,10 @@ def _may_warn(func: Any, ins: list[torch.Tensor]) -> bool:
     """Whether neuronlocal's core may warn about this op: a CPU fallback or 64-bit data."""
     global _fallbacks
     if _fallbacks is None:
-        from neuronlocal.eager.ops import CPU_FALLBACK_OPS
+        from neuronlocal.eager import ops
 
-        _fallbacks = frozenset(CPU_FALLBACK_OPS)
+        _fallbacks = frozenset(name.split(".")[0] for name, (flags, _) in ops.decisions().items()
+                               if not flags & ops.QUIET)
     return (any(t.dtype in _64BIT for t in ins)
             or f"{func.namespace}::{func.overloadpacket.__name__}" in _fallbacks)
 

@@ -92,7 +92,10 @@ def _print_fit(loaded: Loaded) -> None:
         where = ", ".join(f"{inst}: TP={d}" if d else f"{inst}: does not fit"
                           for inst, d in tp.items())
         print(f"  {what:<10} smallest tensor-parallel degree per instance -> {where}")
-    print(estimate_cli.check_line(loaded.config, fit.train_tp.get("trn2.48xlarge")))
+    try:
+        print(estimate_cli.check_line(loaded.config, fit.train_tp.get("trn2.48xlarge")))
+    except Exception as e:  # noqa: BLE001 - the estimate is advice, the check is the verdict
+        print(f"Trainium estimate unavailable: {type(e).__name__}: {e}")
 
 
 def run(config: str | None, model_dir: str | None, model_type: str | None,

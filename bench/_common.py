@@ -57,7 +57,10 @@ class Goal:
 class Case:
     """One comparison. `setup(side, **params)` runs in the worker process and returns the
     callable to time. With `speedup`, the ratio is a/b (higher is better), else b/a.
-    `per_call` scales the reported rate (e.g. tokens per call, reported per second)."""
+    `per_call` scales the reported rate (e.g. tokens per call, reported per second).
+    `repeat`/`warmup` override the command line for this case (a first call is timed with
+    repeat=1, warmup=0), and `prime` runs each side once untimed first (warms disk caches
+    that later processes read)."""
     name: str
     setup: Callable[..., Callable[[], object]]
     params: dict[str, Any] = field(default_factory=dict)
@@ -66,6 +69,9 @@ class Case:
     speedup: bool = False
     per_call: float | None = None
     rate_unit: str = "per s"
+    repeat: int | None = None
+    warmup: int | None = None
+    prime: bool = False
 
 
 @dataclass
@@ -138,8 +144,10 @@ def _worker(cases: Sequence[Case], args: argparse.Namespace) -> None:
 
 
 def _spawn(script: str, case: Case, side: str, args: argparse.Namespace) -> float:
+    repeat = args.repeat if case.repeat is None else case.repeat
+    warmup = args.warmup if case.warmup is None else case.warmup
     cmd = [sys.executable, script, "--worker", "--case", case.name, "--side", side,
-           "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--clock", args.clock,
+           "--repeat", str(repeat), "--warmup", str(warmup), "--clock", args.clock,
            "--threads", str(args.threads)] + (["--quick"] if args.quick else [])
     p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     for line in p.stdout.splitlines():
@@ -155,6 +163,9 @@ def measure(script: str, case: Case, args: argparse.Namespace,
     a_side, b_side = case.sides
     ta: list[float] = []
     tb: list[float] = []
+    if case.prime:
+        for side in case.sides:
+            _spawn(script, case, side, args)
     for r in range(args.rounds):
         order = (a_side, b_side) if r % 2 == 0 else (b_side, a_side)
         got = {}

@@ -24,7 +24,7 @@ from neuronlocal.estimate.fitted import (
 from neuronlocal.estimate.rates import InstanceSpec, instance, price
 
 __all__ = ["BAND", "BANDS", "FACTORS", "HELD_OUT_MEDIAN_ERROR", "HELD_OUT_ROWS", "band",
-           "band_width", "emulated", "estimate", "graph_cost"]
+           "band_width", "emulated", "estimate", "graph_cost", "graph_cost_later"]
 
 
 MODE_METRIC = {"train": "seq_per_s", "prefill": "ttft_ms", "decode": "tpot_ms",
@@ -59,6 +59,26 @@ def graph_cost(gm: Any, example_inputs: list[Any], spec: InstanceSpec | None = N
     from neuronlocal.estimate.graphs import graph_cost as _graph_cost
 
     return _graph_cost(gm, example_inputs, spec or emulated(), FACTORS, BAND)
+
+
+def graph_cost_later(gm: Any, example_inputs: list[Any]) -> Any:
+    """`graph_cost` of the graph as it is compiled now, computed when first called: the
+    fake run costs seconds on a large graph, which a warm restart should not pay unless
+    someone asks. Keeps fake copies of the inputs (no data) and the grad mode of now."""
+    import torch
+
+    from neuronlocal.estimate.graphs import fake_inputs
+
+    fakes = fake_inputs(list(example_inputs))
+    grad = torch.is_grad_enabled()
+
+    def run() -> dict[str, Any]:
+        from neuronlocal.estimate.graphs import graph_cost as _graph_cost
+
+        with torch.set_grad_enabled(grad):
+            return _graph_cost(gm, [], emulated(), FACTORS, BAND, fakes)
+
+    return run
 
 
 def estimate(model: Any, layout: Any, price_per_hour: float | None = None) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from neuronlocal.estimate.counting import Counter, Tally
 
 log = logging.getLogger("neuronlocal.estimate")
-_graphs: dict[int, dict[str, Any]] = {}  # graph_id -> {"name", "estimate"}
+_graphs: dict[int, dict[str, Any]] = {}  # graph_id -> {"name", "record" (its GraphRecord)}
 _active: Capture | None = None
 
 
@@ -32,19 +32,16 @@ def attach(gm: Any, example_inputs: Any, compiled: Callable[..., Any]) -> Callab
     if rec is None:
         return compiled
     try:
-        from neuronlocal.estimate import graph_cost
+        from neuronlocal.estimate import graph_cost_later
 
-        cap = _active
-        if cap is None:
-            rec.estimate = graph_cost(gm, list(example_inputs))
-        else:
-            with cap.counter.paused():  # the fake run is not eager work of the program
-                rec.estimate = graph_cost(gm, list(example_inputs))
+        rec.pending_estimate = graph_cost_later(gm, list(example_inputs))
+        if _active is not None:  # a capture reports on it: estimate now, as compiled
+            _resolve(rec)
     except Exception as e:  # noqa: BLE001 - an estimate must never break a compile
         rec.estimate = {"error": f"{type(e).__name__}: {e}"[:300]}
         log.debug("no estimate for %s: %s", rec.graph_name, e)
     gid = rec.graph_id
-    _graphs[gid] = {"name": rec.graph_name, "estimate": rec.estimate}
+    _graphs[gid] = {"name": rec.graph_name, "record": rec}
 
     def run(*args: Any) -> Any:
         cap = _active
@@ -59,8 +56,23 @@ def attach(gm: Any, example_inputs: Any, compiled: Callable[..., Any]) -> Callab
     return run
 
 
+def _resolve(rec: Any) -> dict[str, Any]:
+    """The record's estimate, computed now if still pending (the fake run is not eager work
+    of the program, so an active capture does not count it)."""
+    cap = _active
+    if cap is None or rec.pending_estimate is None:
+        return rec.resolve_estimate()
+    with cap.counter.paused():
+        return rec.resolve_estimate()
+
+
+def _estimate(gid: int) -> dict[str, Any]:
+    rec = _graphs.get(gid, {}).get("record")
+    return _resolve(rec) if rec is not None else {}
+
+
 def _graph_seconds(gid: int) -> float:
-    est = _graphs.get(gid, {}).get("estimate") or {}
+    est = _estimate(gid)
     return float(est.get("seconds", 0.0)) + float(est.get("backward_seconds", 0.0))
 
 
@@ -121,7 +133,7 @@ class Capture:
                "eager_ops": int(sum(tally.ops.values())),
                "graph_calls": int(sum(self._step_calls.values())),
                "tensor_flops": tally.tensor_flops + sum(
-                   float((_graphs.get(g, {}).get("estimate") or {}).get("tensor_flops", 0))
+                   float(_estimate(g).get("tensor_flops", 0))
                    * n for g, n in self._step_calls.items())}
         self._step_calls = {}
         self._mark = now
@@ -136,8 +148,7 @@ class Capture:
         graphs = [{"graph_id": g, "graph": _graphs.get(g, {}).get("name", str(g)),
                    "calls": int(n), "host_s_per_call": h / n if n else 0.0,
                    "estimated_s_per_call": _graph_seconds(g),
-                   "calibrated": bool((_graphs.get(g, {}).get("estimate") or {}).get(
-                       "calibrated", False))}
+                   "calibrated": bool(_estimate(g).get("calibrated", False))}
                   for g, (n, h) in sorted(self.calls.items())]
         out: dict[str, Any] = {"instance": spec.name, "lnc": spec.lnc, "band": BAND,
                                "step_band": band_width("train"),

@@ -37,16 +37,22 @@ def _fake(mode: Any, x: Any) -> Any:
     return x
 
 
-def count_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Counter, bool]:
-    """(counter with per-node tallies, whether a backward was counted)."""
+def fake_inputs(example_inputs: list[Any]) -> tuple[Any, list[Any]]:
+    """A fake mode and fake copies of `example_inputs` (shapes only: cheap to keep)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [_fake(mode, x) for x in example_inputs]
+    return mode, [_fake(mode, x) for x in example_inputs]
+
+
+def count_graph(gm: fx.GraphModule, example_inputs: list[Any],
+                fakes: tuple[Any, list[Any]] | None = None) -> tuple[Counter, bool]:
+    """(counter with per-node tallies, whether a backward was counted)."""
+    mode, inputs = fakes or fake_inputs(example_inputs)
     counter = Counter(replace_attention=True)
     backward = False
     with mode, counter:
-        outs = _Named(gm, counter).run(*fakes)
+        outs = _Named(gm, counter).run(*inputs)
         flat = [o for o in torch.utils._pytree.tree_leaves(outs)
                 if isinstance(o, torch.Tensor) and o.requires_grad]
         if torch.is_grad_enabled() and flat:
@@ -57,9 +63,10 @@ def count_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Counter,
 
 
 def graph_cost(gm: fx.GraphModule, example_inputs: list[Any], spec: InstanceSpec,
-               factors: Factors, band: float) -> dict[str, Any]:
+               factors: Factors, band: float,
+               fakes: tuple[Any, list[Any]] | None = None) -> dict[str, Any]:
     """Per-call cost of a graph on one logical core of `spec`, with the error band."""
-    counter, backward = count_graph(gm, list(example_inputs))
+    counter, backward = count_graph(gm, list(example_inputs), fakes)
     fwd = Tally()
     for key, t in counter.per_key.items():
         if key != "backward":

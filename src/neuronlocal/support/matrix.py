@@ -31,6 +31,12 @@ CI_SUBSET = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "g
              "opt", "falcon", "mixtral", "qwen2_moe", "bloom", "starcoder2")
 DONE = {"pass", "neuron-fail", "cpu-fail", "build-fail", "skipped", "timeout", "crash"}
 TESTED = ("pass", "neuron-fail")  # rows where CPU and neuron were both run and compared
+# Rows run first, so a sweep stopped early has answered for the most used families: the
+# CI subset, then the most used families of the other tasks.
+FIRST = CI_SUBSET + ("t5", "bart", "mbart", "marian", "pegasus", "bert", "roberta",
+                     "distilbert", "deberta-v2", "xlm-roberta", "modernbert", "vit", "deit",
+                     "convnext", "resnet", "swin", "dinov2")
+NOT_RUN = "not-run"
 GiB = 2**30
 _POLL = 0.25
 _WORKER_ENV = {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "PYTHONWARNINGS": "ignore",
@@ -222,7 +228,11 @@ def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
     if force:  # rerun the selected architectures, keep the other rows
         for model_type, _ in archs:
             rows.pop(model_type, None)
-    todo = [a for a in archs if rows.get(a[0], {}).get("status") not in DONE]
+    for mt, arch in architectures(task):  # every architecture has a row, run or not
+        rows.setdefault(mt, {"model_type": mt, "architecture": arch, "status": NOT_RUN,
+                             "modes": {}, "seconds": 0.0})
+    todo = sorted((a for a in archs if rows[a[0]].get("status") not in DONE),
+                  key=lambda a: (FIRST.index(a[0]) if a[0] in FIRST else len(FIRST), a[0]))
     run = {"jobs": jobs, "timeout": timeout, "max_memory_gib": max_memory / GiB,
            "rows_run": len(todo), "wall_seconds": 0.0}
     start = time.perf_counter()

@@ -17,7 +17,7 @@ from neuronlocal.support.models import MODES
 
 COLORS = {"pass": "#2e7d32", "neuron-fail": "#c62828", "cpu-fail": "#9e9e9e",
           "build-fail": "#f9a825", "skipped": "#90a4ae", "timeout": "#6a1b9a",
-          "crash": "#4e342e"}
+          "crash": "#4e342e", "not-run": "#e0e0e0"}
 STATUS_MEANING = {
     "pass": "runs on neuron and matches CPU in every mode that runs on CPU",
     "neuron-fail": "fails or differs on neuron in a mode that runs on CPU",
@@ -26,6 +26,7 @@ STATUS_MEANING = {
     "skipped": "not run: a missing optional package, or past the memory bound",
     "timeout": "no result within the time limit",
     "crash": "the worker process died",
+    "not-run": "not run yet: the sweep stopped before this row (a rerun resumes and fills it)",
 }
 README_START = "<!-- support-summary:start -->"
 README_END = "<!-- support-summary:end -->"

@@ -197,8 +197,10 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     examples = [_example(x, autograd) for x in example_inputs]
     patches = options.get("config_patches")
     grad = autograd and torch.is_grad_enabled()
-    key = graph_key(cpu_gm.code, [_meta(x) for x in example_inputs],
-                    {"grad": grad, "patches": repr(sorted((patches or {}).items()))})
+    flags: dict[str, Any] = {"grad": grad, "patches": repr(sorted((patches or {}).items()))}
+    if not autograd:  # a part of a desugared graph: its bridge never enters autograd
+        flags["bridge"] = "plain"
+    key = graph_key(cpu_gm.code, [_meta(x) for x in example_inputs], flags)
     start = time.perf_counter()
     cache_state = "hit"
     compiled = _CACHE.memory.get(key)

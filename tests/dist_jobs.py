@@ -5,8 +5,9 @@ values, functional collectives eager and compiled. `train`: the validation patte
 TorchNeuron: one job per (device, backend), DDP, FSDP2, TP (+ sequence
 parallel) and TP x FSDP with activation checkpointing, dumping loss per step, grads and
 parameters per rank for the test to compare (`--model llama`: a small HF Llama, sharded per
-decoder layer). `sft`: TRL's SFTTrainer with torch_compile=True. `die`: rank 1 exits
-mid-job. `mismatch`: ranks pass different shapes. `exit`: DDP trains and returns.
+decoder layer; `--model mlp`: two linear layers). `sft`: TRL's SFTTrainer with
+torch_compile=True. `die`: rank 1 exits mid-job. `mismatch`: ranks pass different shapes.
+`exit`: DDP trains and returns.
 """
 
 from __future__ import annotations
@@ -176,6 +177,18 @@ class Net(nn.Module):
         return self.head(x)
 
 
+class MLP(nn.Module):
+    """Two linear layers: the smallest colwise -> rowwise tensor-parallel pair."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(DIM, HIDDEN)
+        self.w2 = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
 def tp_plan() -> dict[str, Any]:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -220,11 +233,15 @@ def shard(model: nn.Module, kind: str, mode: str, device_type: str, w: int) -> t
         parallelize_module,
     )
 
-    blocks = model.blocks if kind == "net" else model.model.layers
+    blocks = {"net": lambda: model.blocks, "llama": lambda: model.model.layers,
+              "mlp": lambda: []}[kind]()
 
     def tensor_parallel(tp_mesh: Any) -> None:
         if kind == "net":
             parallelize_module(model, tp_mesh, tp_plan())
+            return
+        if kind == "mlp":
+            parallelize_module(model, tp_mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
             return
         styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
         for layer in blocks:
@@ -263,6 +280,7 @@ def batch(kind: str, step: int, dp_rank: int, rows: int, dev: torch.device
 
 def train(out: Path, device_type: str, backend: str, modes: list[str], compiled: bool,
           kind: str) -> None:
+    from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group(backend=backend)
@@ -274,7 +292,7 @@ def train(out: Path, device_type: str, backend: str, modes: list[str], compiled:
         assert torch.neuron.current_device() == local
     for mode in modes:
         torch.manual_seed(0)
-        model = (Net() if kind == "net" else llama()).to(dev)
+        model = {"net": Net, "llama": llama, "mlp": MLP}[kind]().to(dev)
         if mode == "ddp":
             model, dp_rank, dp_size = DDP(model, bucket_cap_mb=1), r, w
         else:
@@ -282,7 +300,11 @@ def train(out: Path, device_type: str, backend: str, modes: list[str], compiled:
         torch._dynamo.reset()
         step_fn = torch.compile(model, backend="neuron" if device_type == "neuron" else
                                 "inductor", dynamic=False) if compiled else model
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        # DTensor's foreach ops reject a list mixing DTensors and plain tensors (TP of the
+        # decoder layers only): as on CUDA, such a model steps with the per-tensor path,
+        # which is also CPU's default.
+        mixed = len({isinstance(p, DTensor) for p in model.parameters()}) > 1
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, foreach=False if mixed else None)
         losses, grads = [], {}
         for step in range(STEPS):
             x, y = batch(kind, step, dp_rank, BATCH // dp_size if mode == "tp_fsdp" else BATCH,
@@ -406,7 +428,7 @@ def main() -> None:
     p.add_argument("--backend", default="neuron")
     p.add_argument("--modes", default="ddp,fsdp,tp,tp_fsdp")
     p.add_argument("--compiled", action="store_true")
-    p.add_argument("--model", choices=["net", "llama"], default="net")
+    p.add_argument("--model", choices=["net", "llama", "mlp"], default="net")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.job == "collectives":

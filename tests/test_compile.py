@@ -352,3 +352,38 @@ def test_bucketing():
             fn(*(t.to("neuron") for t in pad_to_bucket(torch.ones(1, n, dtype=torch.long),
                                                         [8, 16])))
     assert compiles() == 2
+
+
+def test_tensor_subclass_inputs_are_desugared():
+    """A traceable wrapper subclass (TwoTensor here, DTensor in tensor parallelism) goes
+    through AOTAutograd first: outputs and gradients come back as the subclass, on neuron,
+    matching CPU eager."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (torch.sin(x) @ w).relu().sum(dim=0)
+
+    torch.manual_seed(0)
+    a, b, w = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8, 3)
+    ref_x, ref_w = TwoTensor(a.clone(), b.clone()).requires_grad_(), w.clone().requires_grad_()
+    ref = f(ref_x, ref_w)
+    ref.sum().backward()
+    x = TwoTensor(a.to("neuron"), b.to("neuron")).requires_grad_()
+    nw = w.to("neuron").requires_grad_()
+    compiled = torch.compile(f, backend="neuron")
+    out = compiled(x, nw)
+    out.sum().backward()
+    assert isinstance(out, TwoTensor) and out.a.device.type == "neuron"
+    assert isinstance(x.grad, TwoTensor) and x.grad.a.device.type == "neuron"
+    assert nw.grad.device.type == "neuron"
+    for got, want in ((out, ref), (x.grad, ref_x.grad), (nw.grad, ref_w.grad)):
+        torch.testing.assert_close(got.a.cpu(), want.a)
+        torch.testing.assert_close(got.b.cpu(), want.b)
+    parts = [g["extra"].get("part") for g in torch.neuron.get_dynamo_metrics()["graphs"]]
+    assert parts == ["forward", "backward"]
+    # Without grad: AOTAutograd's inference graph. (Fresh inputs: Dynamo itself fails to
+    # recompile for a TwoTensor it has already traced, on CPU too.)
+    with torch.no_grad():
+        fresh = TwoTensor(x.a.detach(), x.b.detach())
+        torch.testing.assert_close(compiled(fresh, nw.detach()).a.cpu(), ref.a.detach())
+    assert torch.neuron.get_dynamo_metrics()["graphs"][-1]["extra"]["part"] == "inference"

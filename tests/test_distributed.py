@@ -181,20 +181,17 @@ def test_training_matches_cpu_gloo_rank_by_rank(tmp_path):
     _compare(tmp_path, MODES, 4)
 
 
-# The compile backend hands Inductor plain CPU aliases of DTensor parameters, so a compiled
-# tensor-parallel model fails there ("aten.addmm.default got mixed torch.Tensor and DTensor")
-# before any collective runs; the same job on CPU + gloo (inductor) passes. strict: this
-# fails once the compile bridge keeps tensor subclasses.
-_TP_BLOCKED = pytest.mark.xfail(
-    reason="compile backend: DTensor parameters become plain CPU aliases in the graph inputs",
-    strict=True)
+def test_compiled_tensor_parallel_mlp_matches_cpu_gloo_compiled(tmp_path):
+    """torch.compile of a colwise -> rowwise TP pair on 2 ranks: DTensor parameters reach the
+    backend as graph inputs and the all-reduce runs inside the compiled graph."""
+    _train_both(tmp_path, 2, ("tp",), ("--compiled", "--model", "mlp"))
+    _compare(tmp_path, ("tp",), 2, atol=1e-5)
+    assert torch.load(tmp_path / "tp_neuron_0.pt")["graphs"] > 0  # it did compile
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc,mode", [
-    (2, "ddp"), (2, "fsdp"), pytest.param(2, "tp", marks=_TP_BLOCKED),
-    (4, "ddp"), (4, "fsdp"), pytest.param(4, "tp", marks=_TP_BLOCKED),
-    pytest.param(4, "tp_fsdp", marks=_TP_BLOCKED)])
+@pytest.mark.parametrize("nproc,mode", [(2, "ddp"), (2, "fsdp"), (2, "tp"), (4, "ddp"),
+                                        (4, "fsdp"), (4, "tp"), (4, "tp_fsdp")])
 def test_compiled_llama_matches_cpu_gloo_compiled_rank_by_rank(tmp_path, nproc, mode):
     """torch.compile (neuron vs inductor on CPU + gloo) of a small HF Llama: compiled DDP
     (DDPOptimizer splits the graph per bucket), FSDP2 per decoder layer, TP, TP x FSDP."""

@@ -32,6 +32,7 @@ from neuronlocal import _C
 from neuronlocal.compile import metrics
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
+from neuronlocal.compile.subclass import compile_desugared, has_subclass
 from neuronlocal.config import env_flag
 from neuronlocal.device import check_available
 from neuronlocal.estimate import capture as estimate_capture
@@ -98,13 +99,19 @@ def rewrite_to_cpu(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def _example(x: Any) -> Any:
-    """A CPU example input for Inductor: an alias of a neuron tensor, keeping requires_grad."""
+def _example(x: Any, autograd: bool) -> Any:
+    """A CPU example input for Inductor: an alias of a neuron tensor, keeping requires_grad
+    when the compiled graph does its own autograd. Fake tensors (the plain graphs AOTAutograd
+    makes of subclass graphs) stay as they are; `_compile_cpu` makes CPU fakes of them."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(x, FakeTensor):
+        return x
     if isinstance(x, torch.Tensor) and x.device.type == "neuron":
         alias = _C._cpu_alias(x.detach())
-        return alias.requires_grad_(x.requires_grad) if x.is_floating_point() or x.is_complex() \
-            else alias
-    return x
+        grad = autograd and x.requires_grad and (x.is_floating_point() or x.is_complex())
+        return alias.requires_grad_(True) if grad else alias
+    return x if autograd or not isinstance(x, torch.Tensor) else x.detach()
 
 
 def _meta(x: Any) -> Any:
@@ -137,7 +144,7 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
                  config_patches: dict[str, Any] | None) -> Callable[..., Any]:
     from torch._functorch import config as functorch_config
     from torch._guards import TracingContext, tracing
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from neuronlocal.compile.inductor import stock_compile_fx
@@ -146,8 +153,14 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
     # context. Inductor's and AOTAutograd's caches need both (a bare compile bypasses them).
     # Shapes are static: every size is a plain integer.
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-    fakes = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
-             for x in examples]
+
+    def fake(x: Any) -> Any:
+        if isinstance(x, FakeTensor):  # a fake of another mode, on neuron: same layout on CPU
+            with fake_mode:
+                return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
+        return fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+
+    fakes = [fake(x) for x in examples]
     # The backward compiles with the forward, under the graph's lock, so a concurrent
     # process finds a complete cache entry and never compiles the same backward again.
     with tracing(TracingContext(fake_mode)), \
@@ -155,10 +168,25 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
         return stock_compile_fx()(cpu_gm, fakes, config_patches=config_patches or None)
 
 
+def compile_failed(err: Exception, name: str, nodes: int, options: dict[str, Any]) -> None:
+    """Raises NEFFCompilationError for a graph that failed to compile, or warns that it runs
+    eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0)."""
+    if isinstance(err, NEFFCompilationError) or not _fallback_allowed(options):
+        raise NEFFCompilationError(
+            f"neuron could not compile graph {name!r} ({nodes} nodes): "
+            f"{type(err).__name__}: {err}. Set TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0"
+            " to run failing graphs eagerly instead.") from err
+    warnings.warn(f"neuron could not compile graph {name!r} ({type(err).__name__}: "
+                  f"{err}); running it eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
+                  "=0).", stacklevel=3)
+
+
 def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
-                   kind: str = "static", extra: dict[str, Any] | None = None
-                   ) -> Callable[..., Any]:
-    """Compiles one static graph (or takes it from the cache) and records its metrics."""
+                   kind: str = "static", extra: dict[str, Any] | None = None,
+                   autograd: bool = True) -> Callable[..., Any]:
+    """Compiles one static graph (or takes it from the cache) and records its metrics.
+    `autograd=False`: the caller (AOTAutograd's runtime) handles gradients, so the graph
+    compiles for inference and the bridge stays out of autograd."""
     graph_id = metrics.next_graph_id()
     name = _graph_name(gm, options.get("model_name") or metrics.get_model_name(), graph_id)
     nodes = len(gm.graph.nodes)
@@ -166,11 +194,13 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
                       for n in gm.graph.nodes if n.op == "call_function")
     to_neuron = output_devices(gm)
     cpu_gm = rewrite_to_cpu(copy.deepcopy(gm))
-    examples = [_example(x) for x in example_inputs]
+    examples = [_example(x, autograd) for x in example_inputs]
     patches = options.get("config_patches")
-    key = graph_key(cpu_gm.code, [_meta(x) for x in example_inputs],
-                    {"grad": torch.is_grad_enabled(), "patches": repr(sorted((patches or {})
-                                                                             .items()))})
+    grad = autograd and torch.is_grad_enabled()
+    flags: dict[str, Any] = {"grad": grad, "patches": repr(sorted((patches or {}).items()))}
+    if not autograd:  # a part of a desugared graph: its bridge never enters autograd
+        flags["bridge"] = "plain"
+    key = graph_key(cpu_gm.code, [_meta(x) for x in example_inputs], flags)
     start = time.perf_counter()
     cache_state = "hit"
     compiled = _CACHE.memory.get(key)
@@ -182,23 +212,16 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
                 cacheable = state.mode == "rw" or entry is not None
                 before = _CACHE.snapshot(state) if state.mode == "rw" and entry is None else None
                 hits = _cache_counters()
-                with inductor_dirs(_CACHE, state, cacheable):
+                with inductor_dirs(_CACHE, state, cacheable), torch.set_grad_enabled(grad):
                     fn = _compile_cpu(cpu_gm, examples, patches)
                 if _cache_counters() == hits:
                     cache_state = "miss"
                 if before is not None:
                     _CACHE.store(key, name, before, state)
         except Exception as err:
-            if isinstance(err, NEFFCompilationError) or not _fallback_allowed(options):
-                raise NEFFCompilationError(
-                    f"neuron could not compile graph {name!r} ({nodes} nodes): "
-                    f"{type(err).__name__}: {err}. Set TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0"
-                    " to run failing graphs eagerly instead.") from err
-            warnings.warn(f"neuron could not compile graph {name!r} ({type(err).__name__}: "
-                          f"{err}); running it eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
-                          "=0).", stacklevel=2)
+            compile_failed(err, name, nodes, options)
             return gm.forward
-        compiled = CompiledGraph(fn, to_neuron)
+        compiled = CompiledGraph(fn, to_neuron, autograd)
         if state.mode != "off":
             _CACHE.memory[key] = compiled
     seconds = time.perf_counter() - start
@@ -259,7 +282,11 @@ class _Specializer:
         if fn is None:
             kind = "specialized" if self.positions else "static"
             before = metrics.next_graph_id()
-            fn = compile_static(self.gm, list(args), self.options, kind=kind, extra=self.extra)
+            if has_subclass(args):
+                fn = compile_desugared(self.gm, args, self.options, kind, self.extra)
+            else:
+                fn = compile_static(self.gm, list(args), self.options, kind=kind,
+                                    extra=self.extra)
             self.compiled[key] = fn
             self.names[key] = (metrics.last_graph_name() if metrics.next_graph_id() > before
                                else "eager_fallback")

@@ -128,13 +128,15 @@ class _Bridge(torch.autograd.Function):
 class CompiledGraph:
     """A compiled graph called with neuron tensors (see the module docstring)."""
 
-    def __init__(self, fn: Callable[..., Any], to_neuron: Sequence[bool]) -> None:
+    def __init__(self, fn: Callable[..., Any], to_neuron: Sequence[bool],
+                 autograd: bool = True) -> None:
         self.fn = fn
         self.to_neuron = list(to_neuron)
+        self.autograd = autograd  # False: a caller (AOTAutograd's runtime) does autograd
 
     def __call__(self, *args: Any) -> list[Any]:
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
-                                           for a in args):
+        if self.autograd and torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return list(_Bridge.apply(self, *args))
         cpu_args, index = _C._bridge_in(list(args), True)
         outs = _call(self.fn, cpu_args, index)

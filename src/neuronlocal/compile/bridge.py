@@ -35,7 +35,7 @@ def output_devices(gm: torch.fx.GraphModule) -> list[bool]:
     returns device outputs), unless TORCH_NEURONX_RETAIN_DEVICE_MODE=1; a graph that moves
     a neuron tensor to the CPU (`.cpu()`) keeps that output on the CPU.
     """
-    from neuronlocal.config import env_flag
+    from neuronlocal.core.config import env_flag
 
     def meta(node: Any) -> Any:
         return node.meta.get("example_value", node.meta.get("val")) if isinstance(

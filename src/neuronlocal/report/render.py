@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from neuronlocal.core.units import fmt_bytes
 from neuronlocal.estimate import view as estimate_view
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -31,14 +32,6 @@ def merge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             else 0, "ranks": ranks}
 
 
-def mib(n: float) -> str:
-    if abs(n) >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    if abs(n) >= 2**20:
-        return f"{n / 2**20:.2f} MiB"
-    return f"{n / 2**10:.1f} KiB" if abs(n) >= 1024 else f"{int(n)} B"
-
-
 def _site(e: dict[str, Any]) -> str:
     return f"{e['file']}:{e['line']}" if e.get("file") else "(not captured)"
 
@@ -46,7 +39,8 @@ def _site(e: dict[str, Any]) -> str:
 def per_call(f: dict[str, Any]) -> str:
     """Bytes a host fallback copies to the host and back, per call (its cost on Trainium)."""
     n = max(1, f["count"])
-    return f"{mib(f.get('to_host_bytes', 0) / n)} / {mib(f.get('from_host_bytes', 0) / n)}"
+    to_host, from_host = f.get("to_host_bytes", 0) / n, f.get("from_host_bytes", 0) / n
+    return f"{fmt_bytes(to_host)} / {fmt_bytes(from_host)}"
 
 
 def _shapes(shapes: list[Any]) -> str:
@@ -148,12 +142,12 @@ def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
           [rk(r) + [op, str(n)] for r in rep["ranks"] for op, n in r["downcast_ops"].items()],
           limit=10)
     table("HBM per logical core", rank_col + ["core", "peak", "of HBM", "OOMs"],
-          [rk(r) + [f"neuron:{m['core']}", mib(m["peak_bytes"]),
+          [rk(r) + [f"neuron:{m['core']}", fmt_bytes(m["peak_bytes"]),
                     f"{100 * m['peak_bytes'] / max(1, m['hbm_bytes']):.1f}% of "
-                    f"{mib(m['hbm_bytes'])}", str(m["num_ooms"])]
+                    f"{fmt_bytes(m['hbm_bytes'])}", str(m["num_ooms"])]
            for r in rep["ranks"] for m in r["memory"]])
     table("Collectives", rank_col + ["op", "count", "bytes"],
-          [rk(r) + [x["op"], str(x["count"]), mib(x["bytes"])]
+          [rk(r) + [x["op"], str(x["count"]), fmt_bytes(x["bytes"])]
            for r in rep["ranks"] for x in r["collectives"]])
     for r in rep["ranks"]:
         ops = r["eager_ops"]
@@ -201,14 +195,15 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: f
         v = y_max * (1 - k / 4)
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
                    f'class="grid"/><text x="{left - 4}" y="{y + 4:.1f}" class="ax" '
-                   f'text-anchor="end">{_e(mib(v))}</text>')
+                   f'text-anchor="end">{_e(fmt_bytes(v))}</text>')
     out.append(f'<text x="{width - right}" y="{height - 8}" class="ax" text-anchor="end">'
                f'{t_max:.2f} s</text><text x="{left}" y="{height - 8}" class="ax">0 s</text>')
     if limit and limit <= y_max:
         y = top + (height - top - bottom) * (1 - limit / y_max)
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
                    f'stroke="#d62728" stroke-dasharray="4 3"/><text x="{width - right}" '
-                   f'y="{y - 3:.1f}" class="ax" text-anchor="end">HBM {_e(mib(limit))}</text>')
+                   f'y="{y - 3:.1f}" class="ax" text-anchor="end">'
+                   f'HBM {_e(fmt_bytes(limit))}</text>')
     for i, (label, s) in enumerate(series):
         color = COLORS[i % len(COLORS)]
         path, last_y = [], None
@@ -326,8 +321,8 @@ def html_page(rep: dict[str, Any]) -> str:
                         "no 64-bit downcasts"))
     parts.append("<h2>HBM per logical core</h2>")
     parts.append(_table(rc + ["core", "peak allocated", "peak reserved", "HBM", "OOMs"],
-                        [rk(r) + [f"neuron:{m['core']}", mib(m["peak_bytes"]),
-                                  mib(m["reserved_peak_bytes"]), mib(m["hbm_bytes"]),
+                        [rk(r) + [f"neuron:{m['core']}", fmt_bytes(m["peak_bytes"]),
+                                  fmt_bytes(m["reserved_peak_bytes"]), fmt_bytes(m["hbm_bytes"]),
                                   m["num_ooms"]] for r in ranks for m in r["memory"]],
                         "no device memory used"))
     for r in ranks:
@@ -341,7 +336,7 @@ def html_page(rep: dict[str, Any]) -> str:
                              COLORS[r["rank"] % len(COLORS)]) for r, x in coll],
                            "bytes per rank and op", unit="MiB"))
     parts.append(_table(["rank", "op", "count", "bytes"],
-                        [[r["rank"], x["op"], x["count"], mib(x["bytes"])] for r, x in coll],
+                        [[r["rank"], x["op"], x["count"], fmt_bytes(x["bytes"])] for r, x in coll],
                         "no collectives recorded"))
     parts.append("<h2>Eager ops</h2>")
     for r in ranks:

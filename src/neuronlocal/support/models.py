@@ -256,9 +256,8 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     import transformers
     from transformers import CONFIG_MAPPING
 
-    import torch_neuronx
-    from neuronlocal.compile import metrics
-    from neuronlocal.eager.tracking import get_fallback_traffic
+    from neuronlocal.core import dynamo_metrics as metrics
+    from neuronlocal.eager import tracking
     from neuronlocal.support.configs import build_config
 
     rep = ModelReport(model_type, architecture)
@@ -283,7 +282,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     inputs = make_inputs(cfg, task, seq if task != "image-classification" else 2, gen, model_cls)
     inputs_n = _to(inputs, "neuron")
     metrics.reset_dynamo_metrics()
-    torch_neuronx.clear_op_tracking()
+    tracking.clear_op_tracking()
     torch.neuron.reset_peak_memory_stats()
     if "eager" in modes:
         rep.modes["eager"] = m = ModeResult()
@@ -307,9 +306,9 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     rep.seconds = time.perf_counter() - start
     rep.compiles = _graphs()  # hits compile on Trainium too
     rep.peak_hbm = torch.neuron.max_memory_allocated()
-    rep.fallback_ops = torch_neuronx.get_fallback_ops()
-    rep.fallback_traffic = get_fallback_traffic()
-    rep.downcast_ops = torch_neuronx.get_downcast_ops()
+    rep.fallback_ops = tracking.get_fallback_ops()
+    rep.fallback_traffic = tracking.get_fallback_traffic()
+    rep.downcast_ops = tracking.get_downcast_ops()
     rep.status = classify(rep)
     return rep
 

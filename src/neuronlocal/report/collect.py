@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from neuronlocal.core import counters as core_counters
+from neuronlocal.core import state as core_state
 from neuronlocal.estimate import capture as estimate_capture
 from neuronlocal.report import analysis
 
@@ -232,9 +233,9 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
         "run": {"argv": list(sys.argv), "started": state.started,
                 "seconds": round(time.time() - state.started, 3), "exit_code": None,
                 "error": None, **(run or {})},
-        "instance": state.profile.describe(),
-        "config_error": (f"neuron device unavailable: {state.config_error}"
-                         if state.config_error else None),
+        "instance": core_state.profile.describe(),
+        "config_error": (f"neuron device unavailable: {core_state.config_error}"
+                         if core_state.config_error else None),
         "graphs": graphs,
         "compile_seconds": round(dyn["compile_seconds"], 3),
         "recompiles": families["recompiles"],

@@ -64,7 +64,6 @@ VALUE_SKIPS: dict[str, str] = {
     "empty_permuted": UNINITIALIZED,
     "new_empty": UNINITIALIZED,
     "new_empty_strided": UNINITIALIZED,
-    "torch.empty": UNINITIALIZED,
     "resize_": UNINITIALIZED,
     "resize_as_": UNINITIALIZED,
 }

@@ -71,7 +71,7 @@ class _Bridge(torch.autograd.Function):
     """Connects neuron inputs and outputs to the compiled function's own CPU autograd graph."""
 
     @staticmethod
-    def forward(ctx: Any, graph: CompiledGraph, *args: Any) -> tuple[Any, ...]:  # type: ignore[override]
+    def forward(ctx: Any, graph: CompiledGraph, *args: Any) -> tuple[Any, ...]:
         cpu_args, index = _C._bridge_in(list(args))
         leaves = []
         for i, (a, c) in enumerate(zip(args, cpu_args, strict=True)):

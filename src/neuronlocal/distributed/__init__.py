@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-import torch
 import torch.distributed as dist
 
+from neuronlocal import device as neuron
 from neuronlocal.distributed.backend import (
     BACKEND,
     NeuronCollectiveError,
@@ -69,7 +69,7 @@ def bind_rank() -> None:
             f"{prof.device_count} logical cores (NEURON_RT_VISIBLE_CORES="
             f"{env_str('NEURON_RT_VISIBLE_CORES') or 'all'}). Leave "
             "NEURON_RT_VISIBLE_CORES unset, or set it to one core per rank.")
-    torch.neuron.set_device(index)
+    neuron.set_device(index)
     if env_str("NEURON_RT_VISIBLE_CORES") is None:
         os.environ["NEURON_RT_VISIBLE_CORES"] = str(prof.visible[index])
     _bound = True

@@ -52,7 +52,7 @@ def _print_on_host() -> None:
 
     original = ts._tensor_str
 
-    def _tensor_str(self, indent):  # type: ignore[no-untyped-def]
+    def _tensor_str(self, indent):
         if self.device.type == "neuron":
             self = self.to("cpu")
         return original(self, indent)

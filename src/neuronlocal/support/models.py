@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from neuronlocal import device as neuron
+
 MODES = ("eager", "compile", "generate", "shapes", "train")  # run in this order
 TASK_MODES = {"causal-lm": MODES, "seq2seq": MODES,
               "masked-lm": ("eager", "compile", "shapes", "train"),
@@ -212,7 +214,7 @@ def _loss(out: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _graphs() -> int:
-    return int(torch.neuron.get_dynamo_metrics()["num_graphs"])
+    return int(neuron.get_dynamo_metrics()["num_graphs"])
 
 
 def _shapes(config: Any, model_cls: Any, task: str, res: ModeResult) -> None:
@@ -283,7 +285,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     inputs_n = _to(inputs, "neuron")
     metrics.reset_dynamo_metrics()
     tracking.clear_op_tracking()
-    torch.neuron.reset_peak_memory_stats()
+    neuron.reset_peak_memory_stats()
     if "eager" in modes:
         rep.modes["eager"] = m = ModeResult()
         _run_mode(m, lambda: _fwd_bwd(cpu, inputs), lambda: _fwd_bwd(dev, inputs_n), 2e-3)
@@ -305,7 +307,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
         _run_mode(m, lambda: _train_step(cpu, inputs), lambda: _train_step(dev, inputs_n), 2e-3)
     rep.seconds = time.perf_counter() - start
     rep.compiles = _graphs()  # hits compile on Trainium too
-    rep.peak_hbm = torch.neuron.max_memory_allocated()
+    rep.peak_hbm = neuron.max_memory_allocated()
     rep.fallback_ops = tracking.get_fallback_ops()
     rep.fallback_traffic = tracking.get_fallback_traffic()
     rep.downcast_ops = tracking.get_downcast_ops()

@@ -15,11 +15,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from neuronlocal.core.charts import COLORS, bar_chart, series_color
 from neuronlocal.core.units import fmt_bytes
 from neuronlocal.estimate import view as estimate_view
-
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-          "#17becf"]
 
 
 def merge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -201,11 +199,11 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: f
     if limit and limit <= y_max:
         y = top + (height - top - bottom) * (1 - limit / y_max)
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
-                   f'stroke="#d62728" stroke-dasharray="4 3"/><text x="{width - right}" '
+                   f'stroke="{COLORS["red"]}" stroke-dasharray="4 3"/><text x="{width - right}" '
                    f'y="{y - 3:.1f}" class="ax" text-anchor="end">'
                    f'HBM {_e(fmt_bytes(limit))}</text>')
     for i, (label, s) in enumerate(series):
-        color = COLORS[i % len(COLORS)]
+        color = series_color(i)
         path, last_y = [], None
         for t, b in [[0.0, 0]] + s:
             x, y = left + t * sx, top + (height - top - bottom) - b * sy
@@ -216,29 +214,6 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: f
                    f'stroke-width="1.5"><title>{_e(label)}</title></path>')
         out.append(f'<text x="{left + 8 + 150 * i}" y="{height - 8}" fill="{color}" '
                    f'class="ax" dx="60">{_e(label)}</text>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def bar_chart(bars: list[tuple[str, float, str]], title: str, unit: str = "s",
-              width: int = 760) -> str:
-    """Horizontal bars (label, value, color), as inline SVG."""
-    if not bars:
-        return ""
-    row, left = 18, 230
-    height = 30 + row * len(bars)
-    v_max = max(b[1] for b in bars) or 1.0
-    out = [f'<svg class="chart" width="{width}" height="{height}" role="img" '
-           f'xmlns="http://www.w3.org/2000/svg"><title>{_e(title)}</title>'
-           f'<text x="4" y="15" class="ct">{_e(title)}</text>']
-    for i, (label, value, color) in enumerate(bars):
-        y = 24 + i * row
-        w = (width - left - 80) * value / v_max
-        out.append(f'<text x="{left - 6}" y="{y + 12}" class="ax" text-anchor="end">'
-                   f'{_e(label[:34])}</text><rect x="{left}" y="{y}" width="{max(w, 1):.1f}" '
-                   f'height="{row - 4}" fill="{color}"><title>{_e(label)}: {value:.3f} {unit}'
-                   f'</title></rect><text x="{left + w + 4:.1f}" y="{y + 12}" class="ax">'
-                   f'{value:.2f} {unit}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -280,10 +255,11 @@ def html_page(rep: dict[str, Any]) -> str:
     parts.append("<h2>Compiled graphs</h2>")
     parts.append(bar_chart(
         [((f"r{r['rank']} " if multi else "") + g["graph_name"], g["compile_seconds"],
-          "#2ca02c" if g["cache"] == "hit" else
-          ("#d62728" if (r["rank"], g["graph_name"]) in recompiled else "#1f77b4"))
+          COLORS["green"] if g["cache"] == "hit" else
+          COLORS["red" if (r["rank"], g["graph_name"]) in recompiled else "blue"])
          for r, g in graphs[:60]],
-        "compile seconds per graph (blue: first compile, red: recompile, green: cache hit)"))
+        "compile seconds per graph (blue: first compile, red: recompile, green: cache hit)",
+        unit="s"))
     parts.append(_table(rc + ["graph", "kind", "nodes", "input shapes", "dtypes", "compile s",
                               "cache"],
                         [rk(r) + [g["graph_name"], g["kind"], g["node_count"],
@@ -333,7 +309,7 @@ def html_page(rep: dict[str, Any]) -> str:
     parts.append("<h2>Collectives</h2>")
     coll = [(r, x) for r in ranks for x in r["collectives"]]
     parts.append(bar_chart([(f"rank {r['rank']} {x['op']}", x["bytes"] / 2**20,
-                             COLORS[r["rank"] % len(COLORS)]) for r, x in coll],
+                             series_color(r["rank"])) for r, x in coll],
                            "bytes per rank and op", unit="MiB"))
     parts.append(_table(["rank", "op", "count", "bytes"],
                         [[r["rank"], x["op"], x["count"], fmt_bytes(x["bytes"])] for r, x in coll],

@@ -372,3 +372,8 @@ def test_report_folder_must_be_private_and_files_are_never_followed(tmp_path):
     assert victim.read_text() == "keep me"
     assert not (out / "report.html").is_symlink()
     assert all((p.stat().st_mode & 0o077) == 0 for p in out.iterdir())
+
+
+def test_dtype_column_is_summarised():
+    assert render.dtypes_summary(["torch.int64"] + ["torch.float32"] * 19) == "int64, 19 x float32"
+    assert render.dtypes_summary([]) == ""

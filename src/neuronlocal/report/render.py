@@ -46,6 +46,15 @@ def _shapes(shapes: list[Any]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def dtypes_summary(dtypes: list[str]) -> str:
+    """['torch.int64', 19 x 'torch.float32'] -> 'int64, 19 x float32' (first-seen order)."""
+    counts: dict[str, int] = {}
+    for d in dtypes:
+        name = d.removeprefix("torch.")
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(name if n == 1 else f"{n} x {name}" for name, n in counts.items())
+
+
 def cache_line(rep: dict[str, Any]) -> str:
     """The compile cache's hit rate over every rank's graphs."""
     graphs = [g for r in rep["ranks"] for g in r["graphs"]]
@@ -263,7 +272,7 @@ def html_page(rep: dict[str, Any]) -> str:
     parts.append(_table(rc + ["graph", "kind", "nodes", "input shapes", "dtypes", "compile s",
                               "cache"],
                         [rk(r) + [g["graph_name"], g["kind"], g["node_count"],
-                                  _shapes(g["input_shapes"]), ", ".join(g["input_dtypes"]),
+                                  _shapes(g["input_shapes"]), dtypes_summary(g["input_dtypes"]),
                                   f"{g['compile_seconds']:.3f}", g["cache"]]
                          for r, g in graphs], "no graphs compiled"))
     parts.append(estimate_view.html(rep, _table, bar_chart, _e))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 import io
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -92,12 +94,91 @@ def headline(rep: dict[str, Any]) -> list[str]:
     return out
 
 
+ESTIMATE = "Estimated Trainium time and cost"
+
+
+@dataclass
+class Section:
+    """One table of the report, computed once and drawn by the terminal and HTML renderers."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    empty: str = "none"
+    note: str = ""  # a paragraph under the HTML heading
+    limit: int = 25  # rows shown in the terminal (the page shows them all)
+
+
+def sections(rep: dict[str, Any]) -> list[Section]:
+    """Every table of the report, in page order (ESTIMATE marks where the estimate goes)."""
+    ranks = rep["ranks"]
+    multi = len(ranks) > 1
+    rk: Callable[[dict[str, Any]], list[Any]] = \
+        (lambda r: [r["rank"]]) if multi else (lambda r: [])
+    rc = ["rank"] if multi else []
+    return [
+        Section("Compiled graphs", rc + ["graph", "kind", "nodes", "input shapes", "dtypes",
+                                         "compile s", "cache"],
+                [rk(r) + [g["graph_name"], g["kind"], g["node_count"],
+                          _shapes(g["input_shapes"]), dtypes_summary(g["input_dtypes"]),
+                          f"{g['compile_seconds']:.2f}", g["cache"]]
+                 for r in ranks for g in r["graphs"]], "no graphs compiled"),
+        Section(ESTIMATE, [], []),
+        Section("Recompilations", rc + ["graph", "function", "kind", "cache", "reason"],
+                [rk(r) + [e["graph"], e["function"], e["kind"], e["cache"], e["reason"]]
+                 for r in ranks for e in r["recompiles"]], "no recompilations"),
+        Section("Suggested buckets (pad to these sizes: bucketing.pad_to_bucket)",
+                rc + ["function", "dimension", "sizes seen", "buckets", "graphs"],
+                [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
+                          + (f" ({b['name']})" if b.get("name") else ""),
+                          ", ".join(map(str, b["sizes"])), ", ".join(map(str, b["buckets"])),
+                          f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
+                 for r in ranks for b in r["bucket_suggestions"]], "nothing to bucket",
+                "Pad the dimension to the next bucket (neuronlocal.compile.bucketing."
+                "pad_to_bucket): one graph per bucket instead of one per size."),
+        Section("Graph breaks", rc + ["count", "reason", "where", "source"],
+                [rk(r) + [b["count"], b["reason"], _site(b), b["source"]]
+                 for r in ranks for b in r["graph_breaks"]], "no graph breaks"),
+        Section("CPU-fallback ops (run on the host on Trainium)",
+                rc + ["op", "count", "to / from host per call", "first call site", "source"],
+                [rk(r) + [f["op"], f["count"], per_call(f), _site(f), f["source"]]
+                 for r in ranks for f in r["fallback_ops"]], "no CPU fallbacks",
+                "On Trainium these run on the host CPU: each call copies its inputs to the "
+                "host and its results back."),
+        Section("64-bit ops computed as 32-bit", rc + ["op", "count"],
+                [rk(r) + [op, n] for r in ranks for op, n in r["downcast_ops"].items()],
+                "no 64-bit downcasts", limit=10),
+        Section("HBM per logical core", rc + ["core", "peak allocated", "peak reserved",
+                                              "of HBM", "OOMs"],
+                [rk(r) + [f"neuron:{m['core']}", fmt_bytes(m["peak_bytes"]),
+                          fmt_bytes(m["reserved_peak_bytes"]),
+                          f"{100 * m['peak_bytes'] / max(1, m['hbm_bytes']):.1f}% of "
+                          f"{fmt_bytes(m['hbm_bytes'])}", m["num_ooms"]]
+                 for r in ranks for m in r["memory"]], "no device memory used"),
+        Section("Collectives", ["rank", "op", "count", "bytes"],
+                [[r["rank"], x["op"], x["count"], fmt_bytes(x["bytes"])]
+                 for r in ranks for x in r["collectives"]], "no collectives recorded"),
+    ]
+
+
+def _rich_table(c: Console, sec: Section) -> None:
+    if not sec.rows:
+        return
+    t = Table(title=sec.title, title_justify="left", show_edge=False, header_style="bold")
+    for col in sec.columns:
+        t.add_column(col, overflow="fold")
+    for row in sec.rows[:sec.limit]:
+        t.add_row(*map(str, row))
+    if len(sec.rows) > sec.limit:
+        t.add_row(*([f"... {len(sec.rows) - sec.limit} more (see report.html)"] + [""] *
+                    (len(sec.columns) - 1)))
+    c.print(t)
+
+
 def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
     """The summary printed after a run."""
     c = console or Console(stderr=True)
     multi = len(rep["ranks"]) > 1
-    rk = (lambda r: [str(r["rank"])]) if multi else (lambda r: [])
-    rank_col = ["rank"] if multi else []
     first = rep["ranks"][0]
     c.rule("[bold]neuronlocal run report")
     c.print(f"script  {' '.join(first['run']['argv'])}\ninstance {first['instance']}   ranks "
@@ -106,56 +187,14 @@ def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
     for line in headline(rep):
         c.print(f"[yellow]! {line}")
 
-    def table(title: str, cols: list[str], rows: list[list[str]], limit: int = 25) -> None:
-        if not rows:
-            return
-        t = Table(title=title, title_justify="left", show_edge=False, header_style="bold")
-        for col in cols:
-            t.add_column(col, overflow="fold")
-        for row in rows[:limit]:
-            t.add_row(*row)
-        if len(rows) > limit:
-            t.add_row(*([f"... {len(rows) - limit} more (see report.html)"] + [""] *
-                        (len(cols) - 1)))
-        c.print(t)
-
-    table("Compiled graphs", rank_col + ["graph", "kind", "nodes", "input shapes", "compile s",
-                                         "cache"],
-          [rk(r) + [g["graph_name"], g["kind"], str(g["node_count"]), _shapes(g["input_shapes"]),
-                    f"{g['compile_seconds']:.2f}", g["cache"]]
-           for r in rep["ranks"] for g in r["graphs"]])
-    for title, cols, rows in estimate_view.tables(rep):  # estimated Trainium time
-        table(title, cols, rows)
-    for line in estimate_view.headlines(rep):
-        c.print(f"[cyan]{line}")
-    table("Recompilations", rank_col + ["graph", "function", "reason"],
-          [rk(r) + [e["graph"], e["function"], e["reason"]]
-           for r in rep["ranks"] for e in r["recompiles"]])
-    table("Suggested buckets (pad to these sizes: bucketing.pad_to_bucket)",
-          rank_col + ["function", "dimension", "sizes seen", "buckets", "graphs"],
-          [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
-                    + (f" ({b['name']})" if b.get("name") else ""),
-                    ",".join(map(str, b["sizes"])), ",".join(map(str, b["buckets"])),
-                    f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
-           for r in rep["ranks"] for b in r["bucket_suggestions"]])
-    table("Graph breaks", rank_col + ["count", "reason", "where", "source"],
-          [rk(r) + [str(b["count"]), b["reason"], _site(b), b["source"]]
-           for r in rep["ranks"] for b in r["graph_breaks"]])
-    table("CPU-fallback ops (run on the host on Trainium)",
-          rank_col + ["op", "count", "to / from host per call", "first call site", "source"],
-          [rk(r) + [f["op"], str(f["count"]), per_call(f), _site(f), f["source"]]
-           for r in rep["ranks"] for f in r["fallback_ops"]])
-    table("64-bit ops computed as 32-bit", rank_col + ["op", "count"],
-          [rk(r) + [op, str(n)] for r in rep["ranks"] for op, n in r["downcast_ops"].items()],
-          limit=10)
-    table("HBM per logical core", rank_col + ["core", "peak", "of HBM", "OOMs"],
-          [rk(r) + [f"neuron:{m['core']}", fmt_bytes(m["peak_bytes"]),
-                    f"{100 * m['peak_bytes'] / max(1, m['hbm_bytes']):.1f}% of "
-                    f"{fmt_bytes(m['hbm_bytes'])}", str(m["num_ooms"])]
-           for r in rep["ranks"] for m in r["memory"]])
-    table("Collectives", rank_col + ["op", "count", "bytes"],
-          [rk(r) + [x["op"], str(x["count"]), fmt_bytes(x["bytes"])]
-           for r in rep["ranks"] for x in r["collectives"]])
+    for sec in sections(rep):
+        if sec.title == ESTIMATE:
+            for title, cols, rows in estimate_view.tables(rep):  # estimated Trainium time
+                _rich_table(c, Section(title, cols, rows))
+            for line in estimate_view.headlines(rep):
+                c.print(f"[cyan]{line}")
+        else:
+            _rich_table(c, sec)
     for r in rep["ranks"]:
         ops = r["eager_ops"]
         top = ", ".join(f"{k} {v}" for k, v in list(ops.items())[:8])
@@ -248,8 +287,6 @@ def html_page(rep: dict[str, Any]) -> str:
     """The whole report as one static page (inline CSS and SVG, no scripts)."""
     ranks = rep["ranks"]
     multi = len(ranks) > 1
-    rk = (lambda r: [r["rank"]]) if multi else (lambda r: [])
-    rc = ["rank"] if multi else []
     first = ranks[0]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>neuronlocal run report"
              f"</title><style>{_CSS}</style></head><body><h1>neuronlocal run report</h1>",
@@ -269,60 +306,26 @@ def html_page(rep: dict[str, Any]) -> str:
          for r, g in graphs[:60]],
         "compile seconds per graph (blue: first compile, red: recompile, green: cache hit)",
         unit="s"))
-    parts.append(_table(rc + ["graph", "kind", "nodes", "input shapes", "dtypes", "compile s",
-                              "cache"],
-                        [rk(r) + [g["graph_name"], g["kind"], g["node_count"],
-                                  _shapes(g["input_shapes"]), dtypes_summary(g["input_dtypes"]),
-                                  f"{g['compile_seconds']:.3f}", g["cache"]]
-                         for r, g in graphs], "no graphs compiled"))
-    parts.append(estimate_view.html(rep, _table, bar_chart, _e))
-    parts.append("<h2>Recompilations</h2>")
-    parts.append(_table(rc + ["graph", "function", "kind", "cache", "reason"],
-                        [rk(r) + [e["graph"], e["function"], e["kind"], e["cache"], e["reason"]]
-                         for r in ranks for e in r["recompiles"]], "no recompilations"))
-    parts.append("<h3>Suggested buckets</h3><p>Pad the dimension to the next bucket "
-                 "(<code>neuronlocal.compile.bucketing.pad_to_bucket</code>): one graph per "
-                 "bucket instead of one per size.</p>")
-    parts.append(_table(rc + ["function", "dimension", "sizes seen", "buckets", "graphs"],
-                        [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
-                                  + (f" ({b['name']})" if b.get("name") else ""),
-                                  ", ".join(map(str, b["sizes"])),
-                                  ", ".join(map(str, b["buckets"])),
-                                  f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
-                         for r in ranks for b in r["bucket_suggestions"]], "nothing to bucket"))
-    parts.append("<h2>Graph breaks</h2>")
-    parts.append(_table(rc + ["count", "reason", "where", "source"],
-                        [rk(r) + [b["count"], b["reason"], _site(b), b["source"]]
-                         for r in ranks for b in r["graph_breaks"]], "no graph breaks"))
-    parts.append("<h2>CPU-fallback ops</h2><p>On Trainium these run on the host CPU: each "
-                 "call copies its inputs to the host and its results back.</p>")
-    parts.append(_table(rc + ["op", "count", "to / from host per call", "first call site",
-                              "source"],
-                        [rk(r) + [f["op"], f["count"], per_call(f), _site(f), f["source"]]
-                         for r in ranks for f in r["fallback_ops"]], "no CPU fallbacks"))
-    parts.append("<h2>64-bit ops computed as 32-bit</h2>")
-    parts.append(_table(rc + ["op", "count"], [rk(r) + [op, n] for r in ranks
-                                               for op, n in r["downcast_ops"].items()],
-                        "no 64-bit downcasts"))
-    parts.append("<h2>HBM per logical core</h2>")
-    parts.append(_table(rc + ["core", "peak allocated", "peak reserved", "HBM", "OOMs"],
-                        [rk(r) + [f"neuron:{m['core']}", fmt_bytes(m["peak_bytes"]),
-                                  fmt_bytes(m["reserved_peak_bytes"]), fmt_bytes(m["hbm_bytes"]),
-                                  m["num_ooms"]] for r in ranks for m in r["memory"]],
-                        "no device memory used"))
-    for r in ranks:
-        for m in r["memory"]:
-            label = (f"rank {r['rank']} " if multi else "") + f"neuron:{m['core']}"
-            parts.append(line_chart([(label, m["timeline"])],
-                                    f"allocated HBM over time, {label}", m["hbm_bytes"]))
-    parts.append("<h2>Collectives</h2>")
     coll = [(r, x) for r in ranks for x in r["collectives"]]
-    parts.append(bar_chart([(f"rank {r['rank']} {x['op']}", x["bytes"] / 2**20,
-                             series_color(r["rank"])) for r, x in coll],
-                           "bytes per rank and op", unit="MiB"))
-    parts.append(_table(["rank", "op", "count", "bytes"],
-                        [[r["rank"], x["op"], x["count"], fmt_bytes(x["bytes"])] for r, x in coll],
-                        "no collectives recorded"))
+    for sec in sections(rep):
+        if sec.title == ESTIMATE:
+            parts.append(estimate_view.html(rep, _table, bar_chart, _e))
+            continue
+        if sec.title != "Compiled graphs":
+            parts.append(f"<h2>{_e(sec.title)}</h2>")
+        if sec.note:
+            parts.append(f"<p>{_e(sec.note)}</p>")
+        if sec.title == "Collectives":
+            parts.append(bar_chart([(f"rank {r['rank']} {x['op']}", x["bytes"] / 2**20,
+                                     series_color(r["rank"])) for r, x in coll],
+                                   "bytes per rank and op", unit="MiB"))
+        parts.append(_table(sec.columns, sec.rows, sec.empty))
+        if sec.title == "HBM per logical core":
+            for r in ranks:
+                for m in r["memory"]:
+                    label = (f"rank {r['rank']} " if multi else "") + f"neuron:{m['core']}"
+                    parts.append(line_chart([(label, m["timeline"])],
+                                            f"allocated HBM over time, {label}", m["hbm_bytes"]))
     parts.append("<h2>Eager ops</h2>")
     for r in ranks:
         ops = r["eager_ops"]

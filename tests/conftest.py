@@ -8,7 +8,19 @@ import sys
 import textwrap
 
 import pytest
-import torch
+
+# The suite runs under the default profile and policies, whatever the user's shell sets:
+# every neuronlocal, TorchNeuron and Neuron runtime variable (instance, LNC, visible cores,
+# HBM per core, policies, cache) and torchrun's rank variables are removed before
+# `import torch` autoloads the backend, so subprocesses inherit the same clean environment.
+# NEURONLOCAL_OPINFO_FULL is a switch of this suite, not of the backend.
+_TEST_SWITCHES = {"NEURONLOCAL_OPINFO_FULL"}
+for _name in list(os.environ):
+    if (_name.startswith(("NEURON", "TORCH_NEURONX_")) and _name not in _TEST_SWITCHES
+            or _name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")):
+        del os.environ[_name]
+
+import torch  # noqa: E402  (after the environment is pinned)
 
 assert hasattr(torch, "neuron"), "neuronlocal did not autoload: is it installed (pip install -e .)?"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from neuronlocal import cli
-from neuronlocal.config import env_table_markdown
+from neuronlocal.core.config import env_table_markdown
 
 
 def test_info(capsys):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from neuronlocal.compile import metrics
+from neuronlocal.core import dynamo_metrics as metrics
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -316,13 +317,18 @@ def test_dropout_in_compiled_graph():
     assert set(out.unique().tolist()) <= {0.0, 2.0}
 
 
-def test_metrics_fields():
-    torch.compile(lambda x: x @ x, backend="neuron")(torch.randn(4, 4, device="neuron"))
-    g = torch.neuron.get_dynamo_metrics()["graphs"][0]
+def test_metrics_fields(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    x = torch.randn(4, 4, device="neuron")
+    torch.compile(lambda x: x @ x - 0.375, backend="neuron")(x)  # a new graph, an empty cache
+    torch.compile(lambda x: x @ x - 0.375, backend="neuron")(x)  # the same graph again
+    graphs = torch.neuron.get_dynamo_metrics()["graphs"]
     for k in ("graph_id", "graph_name", "node_count", "input_shapes", "compile_seconds", "cache",
               "has_collectives"):
-        assert k in g
-    assert g["input_shapes"] == [(4, 4)] and g["cache"] in {"hit", "miss"}
+        assert k in graphs[0]
+    assert [g["input_shapes"] for g in graphs] == [[(4, 4)], [(4, 4)]]
+    assert [g["cache"] for g in graphs] == ["miss", "hit"]
+    assert graphs[0]["has_collectives"] is False
     torch.neuron.reset_dynamo_metrics()
     assert compiles() == 0
 
@@ -333,7 +339,9 @@ def test_recompile_reason_recorded():
     fn(x, 2)
     fn(x, 3)
     reasons = torch.neuron.get_dynamo_metrics()["recompiles"]
-    assert reasons and any("n" in r["reason"] for r in reasons)
+    # Dynamo's failed guard on the int argument, with the value it was compiled for.
+    assert len(reasons) == 1
+    assert re.search(r"\bn == 2\b", reasons[0]["reason"]), reasons[0]["reason"]
 
 
 def test_bucketing():

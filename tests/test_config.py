@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from neuronlocal import compile as _compile  # noqa: F401  (compile.cache below)
-from neuronlocal import hardware
 from neuronlocal.compile import cache
-from neuronlocal.config import (
+from neuronlocal.core import hardware
+from neuronlocal.core.config import (
     ENV_VARS,
     Config,
     ConfigError,
@@ -153,10 +153,21 @@ def test_no_module_parses_booleans_itself():
     """One parser: no module that reads the environment compares a value with 'true'/'yes'
     (config files' own booleans, e.g. in support/configs.py, are not environment values)."""
     src = Path(__file__).parents[1] / "src" / "neuronlocal"
-    pattern = re.compile(r"""["'](true|yes)["']""", re.IGNORECASE)
+    pattern = re.compile(r"""["'](true|yes)["']""")
     offenders = [str(p.relative_to(src)) for p in src.rglob("*.py")
                  if p.name != "config.py" and "environ" in (text := p.read_text())
                  and pattern.search(text)]
+    assert offenders == []
+
+
+def test_no_module_reads_a_variable_behind_config():
+    """Variables are read through config's accessors: no other module reads a TorchNeuron,
+    Neuron runtime or neuronlocal variable from os.environ itself."""
+    src = Path(__file__).parents[1] / "src" / "neuronlocal"
+    pattern = re.compile(r"""(environ\.get\(|getenv\(|environ\[)["'](NEURON|TORCH_NEURONX)\w*["']"""
+                         r"""(?!\]\s*=[^=])""")
+    offenders = [f"{p.relative_to(src)}: {m.group(0)}" for p in src.rglob("*.py")
+                 if p.name != "config.py" for m in pattern.finditer(p.read_text())]
     assert offenders == []
 
 

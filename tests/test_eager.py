@@ -1,4 +1,4 @@
-"""Eager mode on `neuron`: every result is compared with plain CPU PyTorch (spec 2.1-2.5).
+"""Eager mode on `neuron`: every result is compared with plain CPU PyTorch.
 
 Covers views, in-place, out=, factories, copies between devices and cores, serialization,
 storages, the same-device rule, autograd, autocast, per-core RNG, Trainium's 64-bit
@@ -384,8 +384,9 @@ def test_autograd_on_neuron_1_matches_cpu():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast(dtype):
-    # CUDA's casting policy (spec 1.3), which differs from CPU autocast's (there softmax stays
-    # in the low dtype), so the reference is computed by hand with the casts CUDA would make.
+    # CUDA's casting policy, as TorchNeuron documents, which differs from CPU autocast's
+    # (there softmax stays in the low dtype), so the reference is computed by hand with the
+    # casts CUDA would make.
     torch.manual_seed(0)
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     lin = torch.nn.Linear(8, 4)

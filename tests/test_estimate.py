@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from torch import fx
 
 from neuronlocal import cli, estimate
+from neuronlocal.core.hardware import TRAINIUM1, TRAINIUM2, TRAINIUM3, GiB
 from neuronlocal.estimate import calibrate, capture, fitted, published, rates, workload
 from neuronlocal.estimate.counting import Counter
 from neuronlocal.estimate.layout import Layout, problems
 from neuronlocal.estimate.roofline import Factors
-from neuronlocal.hardware import TRAINIUM1, TRAINIUM2, TRAINIUM3, GiB
 
 SPEC = rates.instance("trn2.48xlarge")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from neuronlocal import hardware
-from neuronlocal.config import Config, ConfigError, parse_bytes
+from neuronlocal.core import hardware
+from neuronlocal.core.config import Config, ConfigError, parse_bytes
 
 GiB = 2**30
 

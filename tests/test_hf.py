@@ -1,4 +1,4 @@
-"""Hugging Face libraries on `neuron` (issue 5): transformers, accelerate, PEFT, TRL, diffusers.
+"""Hugging Face libraries on `neuron`: transformers, accelerate, PEFT, TRL, diffusers.
 
 Each test compares with the same run on plain CPU. Tiny random models built from configs; no
 downloads. Multi-process runs (accelerate launch, torchrun TP, TP x FSDP) and compiled runs are
@@ -51,7 +51,7 @@ def _distributed_ready() -> bool:
 
 
 needs_dist = pytest.mark.skipif(not _distributed_ready(),
-                                reason="c10d backend 'neuron' is not registered (issue 4)")
+                                reason="c10d backend 'neuron' is not registered")
 
 
 # ---------------------------------------------------------------- transformers

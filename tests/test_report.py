@@ -110,7 +110,7 @@ def test_oom_script_still_reports_peak_and_core(tmp_path):
     assert "OutOfMemoryError" in proc.stderr
     r = json.loads((out / "report.json").read_text())["ranks"][0]
     assert r["run"]["exit_code"] == 1 and r["run"]["error"]["type"] == "OutOfMemoryError"
-    assert "neuron:1" in r["run"]["error"]["message"] or "1" in r["run"]["error"]["message"]
+    assert r["run"]["error"]["message"].startswith("neuron:1 out of memory: tried to allocate")
     (core,) = [m for m in r["memory"] if m["core"] == 1]
     assert core["hbm_bytes"] == 64 * 2**20 and core["num_ooms"] >= 1
     assert 56 * 2**20 <= core["peak_bytes"] <= 64 * 2**20
@@ -372,3 +372,8 @@ def test_report_folder_must_be_private_and_files_are_never_followed(tmp_path):
     assert victim.read_text() == "keep me"
     assert not (out / "report.html").is_symlink()
     assert all((p.stat().st_mode & 0o077) == 0 for p in out.iterdir())
+
+
+def test_dtype_column_is_summarised():
+    assert render.dtypes_summary(["torch.int64"] + ["torch.float32"] * 19) == "int64, 19 x float32"
+    assert render.dtypes_summary([]) == ""

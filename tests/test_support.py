@@ -349,3 +349,28 @@ def test_worker_timeout_and_memory_bound_are_rows():
 def test_ci_subset(tmp_path):
     data = matrix.run_matrix("causal-lm", tmp_path, jobs=2, only=matrix.CI_SUBSET)
     assert data["summary"]["counts"].get("neuron-fail", 0) == 0, data["summary"]
+
+
+class _Weights(torch.nn.Module):
+    """A model of `n` bf16-sized parameters (built on meta by memory_fit)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.empty(n))
+
+
+@pytest.mark.parametrize(("lnc", "infer", "train"), [
+    (2, {"trn2.3xlarge": 2, "trn2.48xlarge": 2}, {"trn2.3xlarge": None, "trn2.48xlarge": 16}),
+    (1, {"trn2.3xlarge": 4, "trn2.48xlarge": 4}, {"trn2.3xlarge": None, "trn2.48xlarge": 32}),
+])
+def test_memory_fit_counts_cores_and_hbm_of_the_lnc(monkeypatch, lnc, infer, train):
+    """20 Gi parameters: 40 GiB of bf16 weights, 320 GiB of training state. LNC=2 gives
+    24 GiB cores (4 per trn2.3xlarge, 64 per trn2.48xlarge), LNC=1 12 GiB cores (8, 128)."""
+    import dataclasses
+
+    from neuronlocal.core import state
+    from neuronlocal.support.check import memory_fit
+
+    monkeypatch.setattr(state, "config", dataclasses.replace(state.config, lnc=lnc))
+    fit = memory_fit(20 * 2**30, _Weights)
+    assert (fit.infer_tp, fit.train_tp) == (infer, train)

@@ -74,6 +74,38 @@ def _where(name: str) -> str:
     return f"composite, {p.runs}" if "runs" in p.entry else "composite"
 
 
+def _sweep_placements(sweeps: dict[str, list[Result]]) -> list[str]:
+    """The ops the sweeps ran, counted by placement, and the host fallbacks they reached."""
+    names = list(sweeps)
+    lines = [
+        "Distinct ATen ops that ran on neuron in the sweeps, by placement (composites that "
+        "decompose before reaching the backend are seen as their pieces):",
+        "",
+        "| placement | " + " | ".join(f"{n} sweep" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    seen = {n: {op for r in rs for op in r.ops} for n, rs in sweeps.items()}
+    kinds = ("device", "composite, device", "composite, host", "host")
+    for kind in kinds:
+        row = [str(sum(_where(op) == kind for op in seen[n] if _known(op))) for n in names]
+        lines.append(f"| {kind} | " + " | ".join(row) + " |")
+    lines.append("| total | " + " | ".join(str(len(seen[n])) for n in names) + " |")
+    lines += ["", "Host fallbacks the sweeps reached, and from where:", "",
+              "| op on the host | " + " | ".join(names) + " |",
+              "|---|" + "---|" * len(names)]
+    by_op: dict[str, dict[str, set[str]]] = {}
+    for n, rs in sweeps.items():
+        for r in rs:
+            for op in r.fallbacks:
+                by_op.setdefault(op, {}).setdefault(n, set()).add(r.op)
+    for op in sorted(by_op):
+        cells = [", ".join(sorted(by_op[op].get(n, ()))[:6])
+                 + (" ..." if len(by_op[op].get(n, ())) > 6 else "") or "-" for n in names]
+        lines.append(f"| `{op}` | " + " | ".join(_md(c) for c in cells) + " |")
+    lines.append("")
+    return lines
+
+
 def placement_section(sweeps: dict[str, list[Result]]) -> list[str]:
     t = placement.table()
     every = placement.all_placements()
@@ -124,35 +156,7 @@ def placement_section(sweeps: dict[str, list[Result]]) -> list[str]:
         "CPU's flash attention as TorchNeuron's device attention kernel.",
         "",
     ]
-    if sweeps:
-        names = list(sweeps)
-        lines += [
-            "Distinct ATen ops that ran on neuron in the sweeps, by placement (composites that "
-            "decompose before reaching the backend are seen as their pieces):",
-            "",
-            "| placement | " + " | ".join(f"{n} sweep" for n in names) + " |",
-            "|---|" + "---|" * len(names),
-        ]
-        seen = {n: {op for r in rs for op in r.ops} for n, rs in sweeps.items()}
-        kinds = ("device", "composite, device", "composite, host", "host")
-        for kind in kinds:
-            row = [str(sum(_where(op) == kind for op in seen[n] if _known(op))) for n in names]
-            lines.append(f"| {kind} | " + " | ".join(row) + " |")
-        lines.append("| total | " + " | ".join(str(len(seen[n])) for n in names) + " |")
-        lines += ["", "Host fallbacks the sweeps reached, and from where:", "",
-                  "| op on the host | " + " | ".join(names) + " |",
-                  "|---|" + "---|" * len(names)]
-        by_op: dict[str, dict[str, set[str]]] = {}
-        for n, rs in sweeps.items():
-            for r in rs:
-                for op in r.fallbacks:
-                    by_op.setdefault(op, {}).setdefault(n, set()).add(r.op)
-        for op in sorted(by_op):
-            cells = [", ".join(sorted(by_op[op].get(n, ()))[:6])
-                     + (" ..." if len(by_op[op].get(n, ())) > 6 else "") or "-" for n in names]
-            lines.append(f"| `{op}` | " + " | ".join(_md(c) for c in cells) + " |")
-        lines.append("")
-    return lines
+    return lines + (_sweep_placements(sweeps) if sweeps else [])
 
 
 def _known(op: str) -> bool:

@@ -18,19 +18,17 @@ imports this package. Importing it registers everything, once, in this order:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from neuronlocal import hardware
-from neuronlocal.config import Config, ConfigError
+from neuronlocal.core import VERSION
+from neuronlocal.core import logs as _logs
+from neuronlocal.core import state as _state
 
-config: Config
-profile: hardware.Profile
-config_error: ConfigError | None
-config, profile, config_error = hardware.load()
-
-from neuronlocal.report import logs as _logs  # noqa: E402
-
-_logs.configure(config.log_level)  # TORCH_NEURONX_LOG_LEVEL
+profile = _state.profile
+config_error = _state.config_error
+_logs.configure(_state.config.log_level)  # TORCH_NEURONX_LOG_LEVEL
 
 torch.utils.rename_privateuse1_backend("neuron")
 
@@ -49,9 +47,7 @@ from neuronlocal.eager.tracking import (  # noqa: E402
     get_fallback_traffic,
 )
 
-eager.register(config)
-device._profile = profile
-device._config_error = config_error
+eager.register(_state.config)
 torch._register_device_module("neuron", device)
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
@@ -66,7 +62,16 @@ distributed.register()
 _inductor.register()
 hf.register()
 
-__version__ = "0.1.0"
+__version__ = VERSION
+
+
+def __getattr__(name: str) -> Any:
+    """`neuronlocal.config`: the current config (it changes with `eager.set_policy`)."""
+    if name == "config":
+        return _state.config
+    raise AttributeError(f"module 'neuronlocal' has no attribute {name!r}")
+
+
 __all__ = [
     "clear_op_tracking", "config", "config_error", "device", "get_downcast_ops", "get_executed_ops",
     "get_fallback_ops", "get_fallback_traffic", "profile",

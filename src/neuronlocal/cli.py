@@ -8,12 +8,9 @@ import sys
 import torch
 
 import neuronlocal
-from neuronlocal.config import env_table_markdown, set_variables
+from neuronlocal.core.config import env_table_markdown, set_variables
+from neuronlocal.core.units import fmt_bytes
 from neuronlocal.eager import ops as ops_mod
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
 
 
 def _unavailable() -> int:
@@ -31,11 +28,12 @@ def cmd_info(_: argparse.Namespace) -> int:
     if _unavailable():
         return 1
     print(f"instance        {p.instance} ({p.chips} x {p.chip.name}, "
-          f"{p.chip.physical_cores} physical cores and {_gib(p.chip.hbm_bytes)} HBM per chip)")
+          f"{p.chip.physical_cores} physical cores and {fmt_bytes(p.chip.hbm_bytes, 1)} HBM "
+          "per chip)")
     print(f"LNC             {p.lnc} -> {p.cores_per_chip} logical cores per chip, "
           f"{p.total_cores} on the instance")
     print(f"visible cores   {list(p.visible)} -> torch.neuron.device_count() = {p.device_count}")
-    print(f"HBM per core    {_gib(p.hbm_per_core)}")
+    print(f"HBM per core    {fmt_bytes(p.hbm_per_core, 1)}")
     print(f"64-bit policy   {'compute as 32-bit' if neuronlocal.config.downcast_64bit else 'off'}")
     print(f"strict mode     {'on' if neuronlocal.config.strict else 'off'}")
     return 0

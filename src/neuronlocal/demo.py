@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from neuronlocal import device as neuron
+
 
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
@@ -62,7 +64,7 @@ def run(steps: int = 3, seed: int = 0) -> DemoResult:
     cpu = TinyLM()
     dev = copy.deepcopy(cpu).to("neuron")
     ids = torch.randint(0, 512, (4, 65))
-    torch.neuron.reset_peak_memory_stats()
+    neuron.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for _ in range(steps):
         cpu.zero_grad()
@@ -76,4 +78,4 @@ def run(steps: int = 3, seed: int = 0) -> DemoResult:
                     for a, b in zip(cpu.parameters(), dev.parameters(), strict=True))
     return DemoResult(loss_c.item(), loss_n.item(), (logits_c - logits_n.cpu()).abs().max().item(),
                       grad_diff, (t1 - t0) / steps * 1e3, (t2 - t1) / steps * 1e3,
-                      torch.neuron.max_memory_allocated())
+                      neuron.max_memory_allocated())

@@ -1,4 +1,5 @@
-"""torch.neuron: the device module, mirroring torch.cuda and TorchNeuron (spec 1.2).
+"""torch.neuron: the device module, mirroring torch.cuda and TorchNeuron's
+`torch.neuron` (docs/architecture.md lists the public sources).
 
 Registered as `torch.neuron` by `neuronlocal/__init__.py`. Device selection, streams and
 events go through the C++ device guard, so `torch.accelerator`, `torch.Stream` and
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from neuronlocal import _C
+from neuronlocal.core import state as _state
 from neuronlocal.memory import *  # noqa: F403  (the memory API is part of torch.neuron)
 from neuronlocal.memory import Device, device_index
 from neuronlocal.memory import __all__ as _memory_all
@@ -40,8 +42,6 @@ __all__ = [
 
 _initialized = False
 _in_bad_fork = False
-_profile: Any = None  # hardware.Profile, set by neuronlocal/__init__.py
-_config_error: Exception | None = None  # config.ConfigError, set by neuronlocal/__init__.py
 _warned_unavailable = False
 
 
@@ -59,17 +59,18 @@ def _is_in_bad_fork() -> bool:
 
 def check_available() -> None:
     """Raises the configuration error that makes the device unavailable, if there is one."""
-    if _config_error is not None:
-        raise type(_config_error)(f"neuron device unavailable: {_config_error}") from None
+    error = _state.config_error
+    if error is not None:
+        raise type(error)(f"neuron device unavailable: {error}") from None
 
 
 def is_available() -> bool:
     """False when the configuration is bad (warned once, with the reason); never raises."""
     global _warned_unavailable
-    if _config_error is not None:
+    if _state.config_error is not None:
         if not _warned_unavailable:
             _warned_unavailable = True
-            warnings.warn(f"neuron device unavailable: {_config_error}", stacklevel=2)
+            warnings.warn(f"neuron device unavailable: {_state.config_error}", stacklevel=2)
         return False
     return device_count() > 0
 
@@ -153,14 +154,14 @@ class DeviceProperties:
 
 def get_device_properties(device: Device = None) -> DeviceProperties:
     i = device_index(device)
-    p = _profile
+    p = _state.profile
     core = "NeuronCore-v3" if p.chip.name == "Trainium2" else "NeuronCore-v4"
     return DeviceProperties(f"neuron:{i}", p.hbm_per_core, core, p.instance, p.lnc, p.visible[i])
 
 
 def get_device_capability(device: Device = None) -> tuple[int, int]:
     device_index(device)
-    return (2, 0) if _profile.chip.name == "Trainium2" else (3, 0)
+    return (2, 0) if _state.profile.chip.name == "Trainium2" else (3, 0)
 
 
 def synchronize(device: Device = None) -> None:
@@ -259,24 +260,24 @@ def default_generators_tuple() -> tuple[torch.Generator, ...]:
 
 def manual_seed(seed: int) -> None:
     """Seeds the current core's generator."""
-    if _config_error is None:
+    if _state.config_error is None:
         _generator().manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
     """Seeds every core's generator (called by torch.manual_seed)."""
-    if _config_error is None:
+    if _state.config_error is None:
         for g in default_generators_tuple():
             g.manual_seed(int(seed))
 
 
 def seed() -> None:
-    if _config_error is None:
+    if _state.config_error is None:
         _generator().seed()
 
 
 def seed_all() -> None:
-    if _config_error is not None:
+    if _state.config_error is not None:
         return
     s = _generator().seed()
     manual_seed_all(s)
@@ -307,7 +308,9 @@ def __getattr__(name: str) -> Any:
     if name == "default_generators":
         return default_generators_tuple()
     if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):
-        from neuronlocal.compile import metrics  # imported lazily: keeps `import torch` fast
+        from neuronlocal.core import (
+            dynamo_metrics as metrics,  # imported lazily: keeps `import torch` fast
+        )
 
         return getattr(metrics, name)
     raise AttributeError(name)

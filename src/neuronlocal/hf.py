@@ -31,12 +31,13 @@ from typing import Any
 
 import torch
 
+from neuronlocal import device as neuron
 from neuronlocal import patching
 
 
 def _neuron_is_the_accelerator() -> bool:
     """True when neuron is the device accelerate should place weights on (no CUDA present)."""
-    return bool(torch.neuron.is_available()) and not torch.cuda.is_available()
+    return bool(neuron.is_available()) and not torch.cuda.is_available()
 
 
 def _patch_accelerate_modeling(mod: ModuleType) -> None:
@@ -49,12 +50,12 @@ def _patch_accelerate_modeling(mod: ModuleType) -> None:
                        ) -> dict[int | str, int]:
         if not _neuron_is_the_accelerator():
             return original(max_memory)
-        count = torch.neuron.device_count()
+        count = neuron.device_count()
         if max_memory is None:
             import psutil
 
             out: dict[int | str, int] = {
-                i: torch.neuron.mem_get_info(i)[0] for i in range(count)}
+                i: neuron.mem_get_info(i)[0] for i in range(count)}
             out["cpu"] = psutil.virtual_memory().available
             return out
         for k, v in max_memory.items():  # in place, as upstream (transformers relies on it)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from neuronlocal import _C
+from neuronlocal.core.units import fmt_bytes
 
 Device = torch.device | str | int | None
 
@@ -90,27 +91,19 @@ def empty_cache(device: Device = None) -> None:
         _C._empty_cache(i)
 
 
-def _fmt(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
     """A human-readable table of the allocator statistics of one core."""
     index = device_index(device)
     s = memory_stats(index)
     lines = [
-        f"neuron:{index} memory summary (HBM per core {_fmt(s['hbm_bytes'])})",
+        f"neuron:{index} memory summary (HBM per core {fmt_bytes(s['hbm_bytes'])})",
         f"{'metric':<22}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}",
     ]
     metrics = ["allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"]
     pools = ["all"] if abbreviated else ["all", "small_pool", "large_pool"]
     for m in metrics:
         for p in pools:
-            vals = [_fmt(s[f"{m}.{p}.{k}"]) for k in ("current", "peak", "allocated", "freed")]
+            vals = [fmt_bytes(s[f"{m}.{p}.{k}"]) for k in ("current", "peak", "allocated", "freed")]
             label = m if p == "all" else f"  {p}"
             lines.append(f"{label:<22}" + "".join(f"{v:>14}" for v in vals))
     for k in ("allocation_requests", "num_alloc_retries", "num_ooms", "num_tensor_frees"):

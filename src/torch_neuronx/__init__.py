@@ -35,6 +35,3 @@ __all__ = [
     "reset_peak_memory_stats", "synchronize", "wrap_nki",
 ]
 
-
-def _autoload() -> None:
-    """TorchNeuron's entry-point name; neuronlocal is already loaded by importing this."""

@@ -1,26 +1,27 @@
-"""TorchNeuron's `torch_neuronx.neuron_dynamo_backend` helper API (spec 3.6)."""
+"""TorchNeuron's `torch_neuronx.neuron_dynamo_backend` helper API."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from neuronlocal.compile.backend import NEFFCompilationError, neuron_backend
-from neuronlocal.compile.metrics import (
+from neuronlocal.core.dynamo_metrics import (
     get_dynamo_metrics,
     get_model_name,
     reset_dynamo_metrics,
     set_model_name,
 )
 
-
-class NEFFExecutionError(RuntimeError):
-    """A compiled graph failed while running."""
+Backend = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
 
-def create_neuron_backend(**options: Any):  # type: ignore[no-untyped-def]
+def create_neuron_backend(**options: Any) -> Backend:
     """A backend callable with fixed options, for torch.compile(backend=...)."""
 
-    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return neuron_backend(gm, example_inputs, options=options)
 
     return backend
@@ -33,6 +34,6 @@ def get_rank() -> int:
 
 
 __all__ = [
-    "NEFFCompilationError", "NEFFExecutionError", "create_neuron_backend", "get_dynamo_metrics",
+    "NEFFCompilationError", "create_neuron_backend", "get_dynamo_metrics",
     "get_model_name", "get_rank", "neuron_backend", "reset_dynamo_metrics", "set_model_name",
 ]

@@ -7,7 +7,7 @@ from neuronlocal.compile.backend import (
     NeuronDynamicShapesError,
     neuron_backend,
 )
-from neuronlocal.compile.metrics import (
+from neuronlocal.core.dynamo_metrics import (
     get_dynamo_metrics,
     get_model_name,
     reset_dynamo_metrics,

@@ -29,11 +29,11 @@ import torch
 from torch import fx
 
 from neuronlocal import _C
-from neuronlocal.compile import metrics
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
 from neuronlocal.compile.subclass import compile_desugared, has_subclass
-from neuronlocal.config import env_flag
+from neuronlocal.core import dynamo_metrics as metrics
+from neuronlocal.core.config import env_flag
 from neuronlocal.device import check_available
 from neuronlocal.estimate import capture as estimate_capture
 

@@ -35,7 +35,7 @@ def output_devices(gm: torch.fx.GraphModule) -> list[bool]:
     returns device outputs), unless TORCH_NEURONX_RETAIN_DEVICE_MODE=1; a graph that moves
     a neuron tensor to the CPU (`.cpu()`) keeps that output on the CPU.
     """
-    from neuronlocal.config import env_flag
+    from neuronlocal.core.config import env_flag
 
     def meta(node: Any) -> Any:
         return node.meta.get("example_value", node.meta.get("val")) if isinstance(
@@ -71,7 +71,7 @@ class _Bridge(torch.autograd.Function):
     """Connects neuron inputs and outputs to the compiled function's own CPU autograd graph."""
 
     @staticmethod
-    def forward(ctx: Any, graph: CompiledGraph, *args: Any) -> tuple[Any, ...]:  # type: ignore[override]
+    def forward(ctx: Any, graph: CompiledGraph, *args: Any) -> tuple[Any, ...]:
         cpu_args, index = _C._bridge_in(list(args))
         leaves = []
         for i, (a, c) in enumerate(zip(args, cpu_args, strict=True)):

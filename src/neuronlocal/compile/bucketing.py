@@ -1,6 +1,6 @@
 """Bucketing: pad a batch to one of a few sequence lengths so shapes, and compiles, repeat.
 
-Trainium compiles each new shape (spec 3.5); the documented answer to varying sequence
+Trainium compiles each new shape; the documented answer to varying sequence
 lengths is padding to buckets. `pad_to_bucket` pads the last dimension of `input_ids` to
 the smallest bucket that fits and returns the matching attention mask.
 """

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuronlocal.config import env_flag, env_seconds, env_str
+from neuronlocal.core.config import env_flag, env_seconds, env_str
 
 ENTRY_SUFFIX = ".neff"
 FORMAT = 2
@@ -355,11 +355,11 @@ def graph_key(code: str, inputs_meta: list[Any], extra: dict[str, Any]) -> str:
     """Hash of the graph code, the input metadata and the versions that affect codegen."""
     import torch
 
-    from neuronlocal import __version__
+    from neuronlocal.core import VERSION
 
     h = hashlib.sha256()
     for part in (code, repr(inputs_meta), repr(sorted(extra.items())), torch.__version__,
-                 __version__, str(FORMAT)):
+                 VERSION, str(FORMAT)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:40]

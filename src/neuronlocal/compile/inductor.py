@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from neuronlocal import device as neuron
 from neuronlocal import patching
 
 _STOCK: dict[str, Callable[..., Any]] = {}
@@ -45,7 +46,7 @@ def _register_interface(mod: ModuleType) -> None:
     class Interface(base):  # type: ignore[misc, valid-type]
         class device:  # noqa: N801  (Dynamo's name)
             def __new__(cls, device: Any) -> Any:
-                return torch.neuron.device(device)
+                return neuron.device(device)
 
         Event = torch.Event
         Stream = torch.Stream
@@ -53,34 +54,34 @@ def _register_interface(mod: ModuleType) -> None:
         class Worker:
             @staticmethod
             def set_device(device: int) -> None:
-                torch.neuron.set_device(device)
+                neuron.set_device(device)
 
             @staticmethod
             def current_device() -> int:
-                return torch.neuron.current_device()
+                return neuron.current_device()
 
             @staticmethod
             def get_device_properties(device: Any = None) -> Any:
                 return _Props()
 
-        current_device = staticmethod(lambda: torch.neuron.current_device())
-        set_device = staticmethod(lambda device: torch.neuron.set_device(device))
-        device_count = staticmethod(lambda: torch.neuron.device_count())
-        is_available = staticmethod(lambda: torch.neuron.is_available())
-        synchronize = staticmethod(lambda device=None: torch.neuron.synchronize(device))
-        current_stream = staticmethod(lambda: torch.neuron.current_stream())
-        set_stream = staticmethod(lambda stream: torch.neuron.set_stream(stream))
+        current_device = staticmethod(lambda: neuron.current_device())
+        set_device = staticmethod(lambda device: neuron.set_device(device))
+        device_count = staticmethod(lambda: neuron.device_count())
+        is_available = staticmethod(lambda: neuron.is_available())
+        synchronize = staticmethod(lambda device=None: neuron.synchronize(device))
+        current_stream = staticmethod(lambda: neuron.current_stream())
+        set_stream = staticmethod(lambda stream: neuron.set_stream(stream))
         get_raw_stream = staticmethod(lambda device_idx: 0)
         get_compute_capability = staticmethod(lambda device=None: "")
         is_bf16_supported = staticmethod(lambda including_emulation=False: True)
         is_triton_capable = staticmethod(lambda device=None: False)
-        memory_allocated = staticmethod(lambda device=None: torch.neuron.memory_allocated(device))
+        memory_allocated = staticmethod(lambda device=None: neuron.memory_allocated(device))
 
         @staticmethod
         def maybe_exchange_device(device: int) -> int:
-            prev = torch.neuron.current_device()
+            prev = neuron.current_device()
             if device >= 0:
-                torch.neuron.set_device(device)
+                neuron.set_device(device)
             return prev
 
         exchange_device = maybe_exchange_device
@@ -92,7 +93,7 @@ def _register_interface(mod: ModuleType) -> None:
     Interface.__name__ = Interface.__qualname__ = "NeuronInterface"
     globals()["NeuronInterface"] = Interface
     mod.register_interface_for_device("neuron", Interface)
-    for i in range(torch.neuron.device_count()):
+    for i in range(neuron.device_count()):
         mod.register_interface_for_device(f"neuron:{i}", Interface)
 
 

@@ -1,5 +1,5 @@
 // torch.autocast(device_type="neuron"): the same op lists and cast policies as CUDA,
-// registered for the AutocastPrivateUse1 key (TorchNeuron does the same, spec 1.3).
+// registered for the AutocastPrivateUse1 key (TorchNeuron does the same).
 #include "neuron.h"
 
 #include <ATen/autocast_mode.h>

@@ -784,7 +784,8 @@ void register_kernels() {
     }
     direct_libs().push_back(std::move(l));
   }
-  // Break clone -> copy_ -> _copy_from recursion on conjugate/negative views (DESIGN.md).
+  // Break clone -> copy_ -> _copy_from recursion on conjugate/negative views: _copy_from
+  // falls through those keys to the PrivateUse1 kernel.
   for (auto key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {
     auto l = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
     l->impl("_copy_from", torch::CppFunction::makeFallthrough());

@@ -1,11 +1,17 @@
 // The C++ core of neuronlocal: what PyTorch needs in C++ for a PrivateUse1 device.
 //
-// Python owns policy (config, hardware profiles, torch.neuron). C++ owns the three
-// things the Python backend API cannot express or cannot do fast enough:
+// Python owns policy (config, hardware profiles, op placement, torch.neuron); C++ applies
+// it, and does what the Python backend API cannot express or cannot do fast enough
+// (docs/architecture.md). One concern per file:
+//   module.cpp   the Python bindings (neuronlocal._C)
 //   guard.cpp    device guard (current device, device count, streams, events) and hooks
 //   memory.cpp   allocator over host memory with per-core HBM accounting and OOM
 //   dispatch.cpp the boxed CPU fallback on zero-copy aliases, and the few explicit kernels
 //   foreach.cpp  runs of elementwise foreach ops (optimizer steps), fused per tensor
+//   autocast.cpp autocast for the AutocastPrivateUse1 key, with CUDA's op lists
+//   bridge.cpp   CPU aliases in and neuron tensors out for compiled graphs
+//   c10d.cpp     the `neuron` process-group backend, on gloo over CPU aliases
+//   exit.cpp     at exit, lets each core's autograd thread finish before finalization
 #pragma once
 
 #include <ATen/ATen.h>

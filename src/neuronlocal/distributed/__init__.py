@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-import torch
 import torch.distributed as dist
 
+from neuronlocal import device as neuron
 from neuronlocal.distributed.backend import (
     BACKEND,
     NeuronCollectiveError,
@@ -46,9 +46,10 @@ def bind_rank() -> None:
     if raw in (None, ""):
         _bound = True  # not launched by torchrun: the script picks its device
         return
-    import neuronlocal
+    from neuronlocal.core import state
+    from neuronlocal.core.config import env_str
 
-    prof = neuronlocal.profile
+    prof = state.profile
     local_rank = int(raw)
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE") or local_rank + 1)
     where = f"the emulated instance {prof.instance} (LNC={prof.lnc})"
@@ -66,10 +67,10 @@ def bind_rank() -> None:
         raise RuntimeError(
             f"neuron backend: LOCAL_RANK={local_rank} but this process sees only "
             f"{prof.device_count} logical cores (NEURON_RT_VISIBLE_CORES="
-            f"{os.environ.get('NEURON_RT_VISIBLE_CORES', 'all')}). Leave "
+            f"{env_str('NEURON_RT_VISIBLE_CORES') or 'all'}). Leave "
             "NEURON_RT_VISIBLE_CORES unset, or set it to one core per rank.")
-    torch.neuron.set_device(index)
-    if not os.environ.get("NEURON_RT_VISIBLE_CORES", "").strip():
+    neuron.set_device(index)
+    if env_str("NEURON_RT_VISIBLE_CORES") is None:
         os.environ["NEURON_RT_VISIBLE_CORES"] = str(prof.visible[index])
     _bound = True
 

@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from neuronlocal import _C
-from neuronlocal.config import env_flag
-from neuronlocal.report.metrics import record_collective
+from neuronlocal.core.config import env_flag
+from neuronlocal.core.counters import record_collective
 
 BACKEND = "neuron"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from neuronlocal import _C
-from neuronlocal.config import PLACEMENTS, Config
+from neuronlocal.core import state
+from neuronlocal.core.config import PLACEMENTS, Config
 from neuronlocal.eager import ops, overrides, rnn_cells
 
 
@@ -29,18 +30,16 @@ def set_policy(*, strict: bool | None = None, downcast_64bit: bool | None = None
                placement: str | None = None) -> None:
     """Changes NEURONLOCAL_STRICT / NEURONLOCAL_DOWNCAST_64BIT / NEURONLOCAL_OP_PLACEMENT
     behaviour at run time."""
-    import neuronlocal
-
     if placement is not None and placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r}: use one of {', '.join(PLACEMENTS)}")
-    cfg = neuronlocal.config
+    cfg = state.config
     new = dataclasses.replace(
         cfg,
         strict=cfg.strict if strict is None else strict,
         downcast_64bit=cfg.downcast_64bit if downcast_64bit is None else downcast_64bit,
         placement=cfg.placement if placement is None else placement,
     )
-    neuronlocal.config = new
+    state.set_config(new)
     _C._set_policy(new.downcast_64bit, new.strict)
     if new.placement != cfg.placement:
         _set_placement(new.placement)
@@ -53,7 +52,7 @@ def _print_on_host() -> None:
 
     original = ts._tensor_str
 
-    def _tensor_str(self, indent):  # type: ignore[no-untyped-def]
+    def _tensor_str(self, indent):
         if self.device.type == "neuron":
             self = self.to("cpu")
         return original(self, indent)

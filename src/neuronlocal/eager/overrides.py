@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from neuronlocal import _C
+from neuronlocal.core import state
 
 _lib: torch.library.Library | None = None
 
@@ -44,9 +45,7 @@ def _float64_kernel(name: str) -> Any:
     composite = torch._C.DispatchKey.CompositeImplicitAutograd
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        import neuronlocal
-
-        if neuronlocal.config.downcast_64bit and name not in _warned:
+        if state.config.downcast_64bit and name not in _warned:
             _warned.add(name)
             warnings.warn(f"{name} computes in float64 by definition, and Trainium computes "
                           "float64 as float32 (the 64-bit rule), so its results differ from "

@@ -45,9 +45,9 @@ def band(seconds: float, mode: str | None = None) -> tuple[float, float]:
 
 def emulated() -> InstanceSpec:
     """The spec of the instance neuronlocal emulates (NEURONLOCAL_INSTANCE and LNC)."""
-    import neuronlocal
+    from neuronlocal.core import state
 
-    p = neuronlocal.profile
+    p = state.profile
     return instance(p.instance, p.lnc)
 
 

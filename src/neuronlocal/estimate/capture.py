@@ -26,7 +26,7 @@ _active: Capture | None = None
 def attach(gm: Any, example_inputs: Any, compiled: Callable[..., Any]) -> Callable[..., Any]:
     """Estimates the graph just recorded by the compile metrics; returns `compiled` wrapped
     to count calls during a capture. Never raises: a failed estimate is recorded as such."""
-    from neuronlocal.compile import metrics
+    from neuronlocal.core import dynamo_metrics as metrics
 
     rec = metrics.last_record()
     if rec is None:

@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if lay is not None and cfg is not None:
         errs += problems(lay, shape(cfg, 0))
     if errs:
-        for e in errs:
-            print(f"error: {e}", file=sys.stderr)
+        for msg in errs:
+            print(f"error: {msg}", file=sys.stderr)
         return 2
     try:
         est = estimate(cfg, lay, args.price_per_hour)

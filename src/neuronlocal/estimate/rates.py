@@ -1,6 +1,6 @@
 """Peak rates of the instances the estimator knows, and their on-demand prices (data, dated).
 
-Chip peaks (tensor engine FLOPS, HBM bytes/s) come from `neuronlocal.hardware`; this module
+Chip peaks (tensor engine FLOPS, HBM bytes/s) come from `neuronlocal.core.hardware`; this module
 adds what only the estimator needs: the vector and scalar engines' rate, the NeuronLink
 bandwidth per chip, the EFA bandwidth per instance, FP8 peaks and prices. Every number is a
 published figure; docs/estimate.md lists the page each one comes from.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neuronlocal.hardware import INFERENTIA2, TRAINIUM1, TRAINIUM2, TRAINIUM3, Chip, GiB
+from neuronlocal.core.hardware import INFERENTIA2, TRAINIUM1, TRAINIUM2, TRAINIUM3, Chip, GiB
 
 GB = 10**9
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from neuronlocal.core.charts import COLORS
 from neuronlocal.estimate.graphs import CALIBRATED_MIN_S
 
 BELOW = "below the calibrated range (< 5 ms)"
@@ -89,8 +90,8 @@ def bars(rep: dict[str, Any], limit: int = 30) -> list[tuple[str, float, str]]:
     for r in rep["ranks"]:
         for s in (r.get("estimate") or {}).get("steps", [])[:limit]:
             p = f"r{r['rank']} " if multi else ""
-            out.append((f"{p}step {s['step']} host", s["host_s"] * 1e3, "#999999"))
-            out.append((f"{p}step {s['step']} Trainium", s["estimated_s"] * 1e3, "#ff7f0e"))
+            out.append((f"{p}step {s['step']} host", s["host_s"] * 1e3, COLORS["grey"]))
+            out.append((f"{p}step {s['step']} Trainium", s["estimated_s"] * 1e3, COLORS["orange"]))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Custom kernels on neuron (issue 8): `nki_op`, a host-fast kernel library, HF `kernels`.
+"""Custom kernels on neuron: `nki_op`, a host-fast kernel library, HF `kernels`.
 
 Modules, one per seam: `api` (nki_op, wrap_nki), `library` (the kernels), `layers` (nn.Module
 layers HF `kernels` swaps in), `hub` (the local layer repository mapping, `kernelize`).

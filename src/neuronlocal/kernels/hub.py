@@ -1,4 +1,4 @@
-"""HF `kernels` on neuron: a local layer repository mapping, no Hub download (spec 5.2).
+"""HF `kernels` on neuron: a local layer repository mapping, no Hub download.
 
 `kernels` picks the `neuron` backend when `torch.neuron` exists and looks layers up per
 device type. On Trainium the mapping points at Hub repos with NKI builds; here it points at

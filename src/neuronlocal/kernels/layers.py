@@ -29,7 +29,7 @@ class RotaryEmbedding(nn.Module):
     can_torch_compile = True
     has_backward = True
 
-    def forward(self, q, k, cos, sin, unsqueeze_dim=1):  # type: ignore[no-untyped-def]
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
         return apply_rotary(q, k, cos, sin, unsqueeze_dim)
 
 
@@ -39,5 +39,5 @@ class SwiGLUMLP(nn.Module):
     can_torch_compile = True
     has_backward = True
 
-    def forward(self, x):  # type: ignore[no-untyped-def]
+    def forward(self, x):
         return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))

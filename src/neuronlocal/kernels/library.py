@@ -50,13 +50,13 @@ def _rms_norm_backward(
     return dx.to(x.dtype), dw.to(weight.dtype)
 
 
-def _rms_setup(ctx, inputs, output):  # type: ignore[no-untyped-def]
+def _rms_setup(ctx, inputs, output):
     x, weight, eps = inputs
     ctx.save_for_backward(x, weight)
     ctx.eps = eps
 
 
-def _rms_bwd(ctx, grad):  # type: ignore[no-untyped-def]
+def _rms_bwd(ctx, grad):
     x, weight = ctx.saved_tensors
     dx, dw = _rms_norm_backward(grad, x, weight, ctx.eps)
     return dx, dw, None
@@ -92,11 +92,11 @@ def _silu_and_mul_backward(
     return d_gate, d_up
 
 
-def _sm_setup(ctx, inputs, output):  # type: ignore[no-untyped-def]
+def _sm_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
-def _sm_bwd(ctx, grad):  # type: ignore[no-untyped-def]
+def _sm_bwd(ctx, grad):
     gate, up = ctx.saved_tensors
     return _silu_and_mul_backward(grad, gate, up)
 
@@ -149,13 +149,13 @@ def _rotary_backward(
     return _rope(gq, c, ss), _rope(gk, c, ss)
 
 
-def _rot_setup(ctx, inputs, output):  # type: ignore[no-untyped-def]
+def _rot_setup(ctx, inputs, output):
     q, k, cos, sin, dim = inputs
     ctx.save_for_backward(cos, sin)
     ctx.dim, ctx.shapes = dim, (q.shape, k.shape, q.dtype, k.dtype)
 
 
-def _rot_bwd(ctx, gq, gk):  # type: ignore[no-untyped-def]
+def _rot_bwd(ctx, gq, gk):
     cos, sin = ctx.saved_tensors
     qs, ks, qd, kd = ctx.shapes
     gq = torch.zeros(qs, dtype=qd, device=cos.device) if gq is None else gq
@@ -233,13 +233,13 @@ def _attention_backward(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _attn_setup(ctx, inputs, output):  # type: ignore[no-untyped-def]
+def _attn_setup(ctx, inputs, output):
     q, k, v, mask, scale, is_causal = inputs
     ctx.save_for_backward(q, k, v, mask)
     ctx.scale, ctx.is_causal = scale, is_causal
 
 
-def _attn_bwd(ctx, grad):  # type: ignore[no-untyped-def]
+def _attn_bwd(ctx, grad):
     q, k, v, mask = ctx.saved_tensors
     dq, dk, dv = _attention_backward(grad, q, k, v, mask, ctx.scale, ctx.is_causal)
     return dq, dk, dv, None, None, None
@@ -298,7 +298,7 @@ def _cached_attention(
 
 
 @_cached_attention.register_fake
-def _(q, k, v, k_cache, v_cache, cache_position, scale):  # type: ignore[no-untyped-def]
+def _(q, k, v, k_cache, v_cache, cache_position, scale):
     # The body reads cache_position's values, which tracing tensors do not have.
     return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
 

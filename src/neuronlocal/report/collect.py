@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from neuronlocal.core import counters as core_counters
+from neuronlocal.core import state as core_state
 from neuronlocal.estimate import capture as estimate_capture
 from neuronlocal.report import analysis
-from neuronlocal.report import metrics as report_metrics
 
 SCHEMA = 1
 MAX_TIMELINE_POINTS = 1500
@@ -79,12 +80,12 @@ class Collector:
     def start(self, reset: bool = True) -> Collector:
         global _active
         from neuronlocal import _C
-        from neuronlocal.compile import metrics as compile_metrics
+        from neuronlocal.core import dynamo_metrics as compile_metrics
 
         if reset:
             _C._clear_op_tracking()
             compile_metrics.reset_dynamo_metrics()
-            report_metrics.reset()
+            core_counters.reset()
             for i in range(_C._device_count()):
                 _C._reset_peak(i)
         _C._set_timeline(True)
@@ -170,7 +171,7 @@ def _fallbacks(sites: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _breaks(captured: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Graph breaks merged by (reason, file, line), with Dynamo's counts when not captured."""
-    from neuronlocal.compile import metrics as compile_metrics
+    from neuronlocal.core import dynamo_metrics as compile_metrics
 
     merged: dict[tuple[str, str, int], dict[str, Any]] = {}
     for b in captured:
@@ -188,13 +189,35 @@ def _breaks(captured: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _rank_world() -> tuple[int, int]:
-    return report_metrics._rank(), int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return core_counters.current_rank(), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def counters() -> dict[str, int]:
+    """Every counter of this process: compiles, cache hits, fallbacks, collectives, user ones."""
+    from neuronlocal.core import dynamo_metrics as compile_metrics
+    from neuronlocal.eager import tracking
+
+    m = compile_metrics.get_dynamo_metrics()
+    out = {
+        "graphs": m["num_graphs"],
+        "compiles": m["num_compiles"],
+        "cache_hits": m["num_cache_hits"],
+        "dynamo_recompiles": len(m["recompiles"]),
+        "graph_breaks": sum(b["count"] for b in m["graph_breaks"]),
+        "eager_ops": sum(tracking.get_executed_ops().values()),
+        "fallback_ops": sum(tracking.get_fallback_ops().values()),
+        "downcast_ops": sum(tracking.get_downcast_ops().values()),
+    }
+    for c in core_counters.get_collectives():
+        out["collectives"] = out.get("collectives", 0) + c["count"]
+        out["collective_bytes"] = out.get("collective_bytes", 0) + c["bytes"]
+    out.update(core_counters.user_counters())
+    return out
 
 
 def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report of this process so far, as plain data (one rank of a run)."""
-    import neuronlocal
-    from neuronlocal.compile import metrics as compile_metrics
+    from neuronlocal.core import dynamo_metrics as compile_metrics
     from neuronlocal.eager import tracking
 
     state = _active.state if _active is not None else _State(started=time.time())
@@ -210,9 +233,9 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
         "run": {"argv": list(sys.argv), "started": state.started,
                 "seconds": round(time.time() - state.started, 3), "exit_code": None,
                 "error": None, **(run or {})},
-        "instance": neuronlocal.profile.describe(),
-        "config_error": (f"neuron device unavailable: {neuronlocal.config_error}"
-                         if neuronlocal.config_error else None),
+        "instance": core_state.profile.describe(),
+        "config_error": (f"neuron device unavailable: {core_state.config_error}"
+                         if core_state.config_error else None),
         "graphs": graphs,
         "compile_seconds": round(dyn["compile_seconds"], 3),
         "recompiles": families["recompiles"],
@@ -223,7 +246,7 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
         "downcast_ops": dict(sorted(tracking.get_downcast_ops().items())),
         "eager_ops": dict(sorted(tracking.get_executed_ops().items(), key=lambda kv: -kv[1])),
         "memory": memory(),
-        "collectives": report_metrics.get_collectives(),
-        "counters": report_metrics.counters(),
+        "collectives": core_counters.get_collectives(),
+        "counters": counters(),
         "estimate": _active.estimate.snapshot() if _active is not None else {},
     }

@@ -10,15 +10,16 @@ from __future__ import annotations
 import html
 import io
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from neuronlocal.core.charts import COLORS, bar_chart, series_color
+from neuronlocal.core.units import fmt_bytes
 from neuronlocal.estimate import view as estimate_view
-
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-          "#17becf"]
 
 
 def merge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -31,14 +32,6 @@ def merge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             else 0, "ranks": ranks}
 
 
-def mib(n: float) -> str:
-    if abs(n) >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    if abs(n) >= 2**20:
-        return f"{n / 2**20:.2f} MiB"
-    return f"{n / 2**10:.1f} KiB" if abs(n) >= 1024 else f"{int(n)} B"
-
-
 def _site(e: dict[str, Any]) -> str:
     return f"{e['file']}:{e['line']}" if e.get("file") else "(not captured)"
 
@@ -46,12 +39,22 @@ def _site(e: dict[str, Any]) -> str:
 def per_call(f: dict[str, Any]) -> str:
     """Bytes a host fallback copies to the host and back, per call (its cost on Trainium)."""
     n = max(1, f["count"])
-    return f"{mib(f.get('to_host_bytes', 0) / n)} / {mib(f.get('from_host_bytes', 0) / n)}"
+    to_host, from_host = f.get("to_host_bytes", 0) / n, f.get("from_host_bytes", 0) / n
+    return f"{fmt_bytes(to_host)} / {fmt_bytes(from_host)}"
 
 
 def _shapes(shapes: list[Any]) -> str:
     text = ", ".join("x".join(str(n) for n in s) or "scalar" for s in shapes)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def dtypes_summary(dtypes: list[str]) -> str:
+    """['torch.int64', 19 x 'torch.float32'] -> 'int64, 19 x float32' (first-seen order)."""
+    counts: dict[str, int] = {}
+    for d in dtypes:
+        name = d.removeprefix("torch.")
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(name if n == 1 else f"{n} x {name}" for name, n in counts.items())
 
 
 def cache_line(rep: dict[str, Any]) -> str:
@@ -91,12 +94,91 @@ def headline(rep: dict[str, Any]) -> list[str]:
     return out
 
 
+ESTIMATE = "Estimated Trainium time and cost"
+
+
+@dataclass
+class Section:
+    """One table of the report, computed once and drawn by the terminal and HTML renderers."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    empty: str = "none"
+    note: str = ""  # a paragraph under the HTML heading
+    limit: int = 25  # rows shown in the terminal (the page shows them all)
+
+
+def sections(rep: dict[str, Any]) -> list[Section]:
+    """Every table of the report, in page order (ESTIMATE marks where the estimate goes)."""
+    ranks = rep["ranks"]
+    multi = len(ranks) > 1
+    rk: Callable[[dict[str, Any]], list[Any]] = \
+        (lambda r: [r["rank"]]) if multi else (lambda r: [])
+    rc = ["rank"] if multi else []
+    return [
+        Section("Compiled graphs", rc + ["graph", "kind", "nodes", "input shapes", "dtypes",
+                                         "compile s", "cache"],
+                [rk(r) + [g["graph_name"], g["kind"], g["node_count"],
+                          _shapes(g["input_shapes"]), dtypes_summary(g["input_dtypes"]),
+                          f"{g['compile_seconds']:.2f}", g["cache"]]
+                 for r in ranks for g in r["graphs"]], "no graphs compiled"),
+        Section(ESTIMATE, [], []),
+        Section("Recompilations", rc + ["graph", "function", "kind", "cache", "reason"],
+                [rk(r) + [e["graph"], e["function"], e["kind"], e["cache"], e["reason"]]
+                 for r in ranks for e in r["recompiles"]], "no recompilations"),
+        Section("Suggested buckets (pad to these sizes: bucketing.pad_to_bucket)",
+                rc + ["function", "dimension", "sizes seen", "buckets", "graphs"],
+                [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
+                          + (f" ({b['name']})" if b.get("name") else ""),
+                          ", ".join(map(str, b["sizes"])), ", ".join(map(str, b["buckets"])),
+                          f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
+                 for r in ranks for b in r["bucket_suggestions"]], "nothing to bucket",
+                "Pad the dimension to the next bucket (neuronlocal.compile.bucketing."
+                "pad_to_bucket): one graph per bucket instead of one per size."),
+        Section("Graph breaks", rc + ["count", "reason", "where", "source"],
+                [rk(r) + [b["count"], b["reason"], _site(b), b["source"]]
+                 for r in ranks for b in r["graph_breaks"]], "no graph breaks"),
+        Section("CPU-fallback ops (run on the host on Trainium)",
+                rc + ["op", "count", "to / from host per call", "first call site", "source"],
+                [rk(r) + [f["op"], f["count"], per_call(f), _site(f), f["source"]]
+                 for r in ranks for f in r["fallback_ops"]], "no CPU fallbacks",
+                "On Trainium these run on the host CPU: each call copies its inputs to the "
+                "host and its results back."),
+        Section("64-bit ops computed as 32-bit", rc + ["op", "count"],
+                [rk(r) + [op, n] for r in ranks for op, n in r["downcast_ops"].items()],
+                "no 64-bit downcasts", limit=10),
+        Section("HBM per logical core", rc + ["core", "peak allocated", "peak reserved",
+                                              "of HBM", "OOMs"],
+                [rk(r) + [f"neuron:{m['core']}", fmt_bytes(m["peak_bytes"]),
+                          fmt_bytes(m["reserved_peak_bytes"]),
+                          f"{100 * m['peak_bytes'] / max(1, m['hbm_bytes']):.1f}% of "
+                          f"{fmt_bytes(m['hbm_bytes'])}", m["num_ooms"]]
+                 for r in ranks for m in r["memory"]], "no device memory used"),
+        Section("Collectives", ["rank", "op", "count", "bytes"],
+                [[r["rank"], x["op"], x["count"], fmt_bytes(x["bytes"])]
+                 for r in ranks for x in r["collectives"]], "no collectives recorded"),
+    ]
+
+
+def _rich_table(c: Console, sec: Section) -> None:
+    if not sec.rows:
+        return
+    t = Table(title=sec.title, title_justify="left", show_edge=False, header_style="bold")
+    for col in sec.columns:
+        t.add_column(col, overflow="fold")
+    for row in sec.rows[:sec.limit]:
+        t.add_row(*map(str, row))
+    if len(sec.rows) > sec.limit:
+        t.add_row(*([f"... {len(sec.rows) - sec.limit} more (see report.html)"] + [""] *
+                    (len(sec.columns) - 1)))
+    c.print(t)
+
+
 def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
     """The summary printed after a run."""
     c = console or Console(stderr=True)
     multi = len(rep["ranks"]) > 1
-    rk = (lambda r: [str(r["rank"])]) if multi else (lambda r: [])
-    rank_col = ["rank"] if multi else []
     first = rep["ranks"][0]
     c.rule("[bold]neuronlocal run report")
     c.print(f"script  {' '.join(first['run']['argv'])}\ninstance {first['instance']}   ranks "
@@ -105,56 +187,14 @@ def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
     for line in headline(rep):
         c.print(f"[yellow]! {line}")
 
-    def table(title: str, cols: list[str], rows: list[list[str]], limit: int = 25) -> None:
-        if not rows:
-            return
-        t = Table(title=title, title_justify="left", show_edge=False, header_style="bold")
-        for col in cols:
-            t.add_column(col, overflow="fold")
-        for row in rows[:limit]:
-            t.add_row(*row)
-        if len(rows) > limit:
-            t.add_row(*([f"... {len(rows) - limit} more (see report.html)"] + [""] *
-                        (len(cols) - 1)))
-        c.print(t)
-
-    table("Compiled graphs", rank_col + ["graph", "kind", "nodes", "input shapes", "compile s",
-                                         "cache"],
-          [rk(r) + [g["graph_name"], g["kind"], str(g["node_count"]), _shapes(g["input_shapes"]),
-                    f"{g['compile_seconds']:.2f}", g["cache"]]
-           for r in rep["ranks"] for g in r["graphs"]])
-    for title, cols, rows in estimate_view.tables(rep):  # estimated Trainium time
-        table(title, cols, rows)
-    for line in estimate_view.headlines(rep):
-        c.print(f"[cyan]{line}")
-    table("Recompilations", rank_col + ["graph", "function", "reason"],
-          [rk(r) + [e["graph"], e["function"], e["reason"]]
-           for r in rep["ranks"] for e in r["recompiles"]])
-    table("Suggested buckets (pad to these sizes: bucketing.pad_to_bucket)",
-          rank_col + ["function", "dimension", "sizes seen", "buckets", "graphs"],
-          [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
-                    + (f" ({b['name']})" if b.get("name") else ""),
-                    ",".join(map(str, b["sizes"])), ",".join(map(str, b["buckets"])),
-                    f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
-           for r in rep["ranks"] for b in r["bucket_suggestions"]])
-    table("Graph breaks", rank_col + ["count", "reason", "where", "source"],
-          [rk(r) + [str(b["count"]), b["reason"], _site(b), b["source"]]
-           for r in rep["ranks"] for b in r["graph_breaks"]])
-    table("CPU-fallback ops (run on the host on Trainium)",
-          rank_col + ["op", "count", "to / from host per call", "first call site", "source"],
-          [rk(r) + [f["op"], str(f["count"]), per_call(f), _site(f), f["source"]]
-           for r in rep["ranks"] for f in r["fallback_ops"]])
-    table("64-bit ops computed as 32-bit", rank_col + ["op", "count"],
-          [rk(r) + [op, str(n)] for r in rep["ranks"] for op, n in r["downcast_ops"].items()],
-          limit=10)
-    table("HBM per logical core", rank_col + ["core", "peak", "of HBM", "OOMs"],
-          [rk(r) + [f"neuron:{m['core']}", mib(m["peak_bytes"]),
-                    f"{100 * m['peak_bytes'] / max(1, m['hbm_bytes']):.1f}% of "
-                    f"{mib(m['hbm_bytes'])}", str(m["num_ooms"])]
-           for r in rep["ranks"] for m in r["memory"]])
-    table("Collectives", rank_col + ["op", "count", "bytes"],
-          [rk(r) + [x["op"], str(x["count"]), mib(x["bytes"])]
-           for r in rep["ranks"] for x in r["collectives"]])
+    for sec in sections(rep):
+        if sec.title == ESTIMATE:
+            for title, cols, rows in estimate_view.tables(rep):  # estimated Trainium time
+                _rich_table(c, Section(title, cols, rows))
+            for line in estimate_view.headlines(rep):
+                c.print(f"[cyan]{line}")
+        else:
+            _rich_table(c, sec)
     for r in rep["ranks"]:
         ops = r["eager_ops"]
         top = ", ".join(f"{k} {v}" for k, v in list(ops.items())[:8])
@@ -201,16 +241,17 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: f
         v = y_max * (1 - k / 4)
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
                    f'class="grid"/><text x="{left - 4}" y="{y + 4:.1f}" class="ax" '
-                   f'text-anchor="end">{_e(mib(v))}</text>')
+                   f'text-anchor="end">{_e(fmt_bytes(v))}</text>')
     out.append(f'<text x="{width - right}" y="{height - 8}" class="ax" text-anchor="end">'
                f'{t_max:.2f} s</text><text x="{left}" y="{height - 8}" class="ax">0 s</text>')
     if limit and limit <= y_max:
         y = top + (height - top - bottom) * (1 - limit / y_max)
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
-                   f'stroke="#d62728" stroke-dasharray="4 3"/><text x="{width - right}" '
-                   f'y="{y - 3:.1f}" class="ax" text-anchor="end">HBM {_e(mib(limit))}</text>')
+                   f'stroke="{COLORS["red"]}" stroke-dasharray="4 3"/><text x="{width - right}" '
+                   f'y="{y - 3:.1f}" class="ax" text-anchor="end">'
+                   f'HBM {_e(fmt_bytes(limit))}</text>')
     for i, (label, s) in enumerate(series):
-        color = COLORS[i % len(COLORS)]
+        color = series_color(i)
         path, last_y = [], None
         for t, b in [[0.0, 0]] + s:
             x, y = left + t * sx, top + (height - top - bottom) - b * sy
@@ -221,29 +262,6 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: f
                    f'stroke-width="1.5"><title>{_e(label)}</title></path>')
         out.append(f'<text x="{left + 8 + 150 * i}" y="{height - 8}" fill="{color}" '
                    f'class="ax" dx="60">{_e(label)}</text>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def bar_chart(bars: list[tuple[str, float, str]], title: str, unit: str = "s",
-              width: int = 760) -> str:
-    """Horizontal bars (label, value, color), as inline SVG."""
-    if not bars:
-        return ""
-    row, left = 18, 230
-    height = 30 + row * len(bars)
-    v_max = max(b[1] for b in bars) or 1.0
-    out = [f'<svg class="chart" width="{width}" height="{height}" role="img" '
-           f'xmlns="http://www.w3.org/2000/svg"><title>{_e(title)}</title>'
-           f'<text x="4" y="15" class="ct">{_e(title)}</text>']
-    for i, (label, value, color) in enumerate(bars):
-        y = 24 + i * row
-        w = (width - left - 80) * value / v_max
-        out.append(f'<text x="{left - 6}" y="{y + 12}" class="ax" text-anchor="end">'
-                   f'{_e(label[:34])}</text><rect x="{left}" y="{y}" width="{max(w, 1):.1f}" '
-                   f'height="{row - 4}" fill="{color}"><title>{_e(label)}: {value:.3f} {unit}'
-                   f'</title></rect><text x="{left + w + 4:.1f}" y="{y + 12}" class="ax">'
-                   f'{value:.2f} {unit}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -269,8 +287,6 @@ def html_page(rep: dict[str, Any]) -> str:
     """The whole report as one static page (inline CSS and SVG, no scripts)."""
     ranks = rep["ranks"]
     multi = len(ranks) > 1
-    rk = (lambda r: [r["rank"]]) if multi else (lambda r: [])
-    rc = ["rank"] if multi else []
     first = ranks[0]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>neuronlocal run report"
              f"</title><style>{_CSS}</style></head><body><h1>neuronlocal run report</h1>",
@@ -285,64 +301,31 @@ def html_page(rep: dict[str, Any]) -> str:
     parts.append("<h2>Compiled graphs</h2>")
     parts.append(bar_chart(
         [((f"r{r['rank']} " if multi else "") + g["graph_name"], g["compile_seconds"],
-          "#2ca02c" if g["cache"] == "hit" else
-          ("#d62728" if (r["rank"], g["graph_name"]) in recompiled else "#1f77b4"))
+          COLORS["green"] if g["cache"] == "hit" else
+          COLORS["red" if (r["rank"], g["graph_name"]) in recompiled else "blue"])
          for r, g in graphs[:60]],
-        "compile seconds per graph (blue: first compile, red: recompile, green: cache hit)"))
-    parts.append(_table(rc + ["graph", "kind", "nodes", "input shapes", "dtypes", "compile s",
-                              "cache"],
-                        [rk(r) + [g["graph_name"], g["kind"], g["node_count"],
-                                  _shapes(g["input_shapes"]), ", ".join(g["input_dtypes"]),
-                                  f"{g['compile_seconds']:.3f}", g["cache"]]
-                         for r, g in graphs], "no graphs compiled"))
-    parts.append(estimate_view.html(rep, _table, bar_chart, _e))
-    parts.append("<h2>Recompilations</h2>")
-    parts.append(_table(rc + ["graph", "function", "kind", "cache", "reason"],
-                        [rk(r) + [e["graph"], e["function"], e["kind"], e["cache"], e["reason"]]
-                         for r in ranks for e in r["recompiles"]], "no recompilations"))
-    parts.append("<h3>Suggested buckets</h3><p>Pad the dimension to the next bucket "
-                 "(<code>neuronlocal.compile.bucketing.pad_to_bucket</code>): one graph per "
-                 "bucket instead of one per size.</p>")
-    parts.append(_table(rc + ["function", "dimension", "sizes seen", "buckets", "graphs"],
-                        [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
-                                  + (f" ({b['name']})" if b.get("name") else ""),
-                                  ", ".join(map(str, b["sizes"])),
-                                  ", ".join(map(str, b["buckets"])),
-                                  f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
-                         for r in ranks for b in r["bucket_suggestions"]], "nothing to bucket"))
-    parts.append("<h2>Graph breaks</h2>")
-    parts.append(_table(rc + ["count", "reason", "where", "source"],
-                        [rk(r) + [b["count"], b["reason"], _site(b), b["source"]]
-                         for r in ranks for b in r["graph_breaks"]], "no graph breaks"))
-    parts.append("<h2>CPU-fallback ops</h2><p>On Trainium these run on the host CPU: each "
-                 "call copies its inputs to the host and its results back.</p>")
-    parts.append(_table(rc + ["op", "count", "to / from host per call", "first call site",
-                              "source"],
-                        [rk(r) + [f["op"], f["count"], per_call(f), _site(f), f["source"]]
-                         for r in ranks for f in r["fallback_ops"]], "no CPU fallbacks"))
-    parts.append("<h2>64-bit ops computed as 32-bit</h2>")
-    parts.append(_table(rc + ["op", "count"], [rk(r) + [op, n] for r in ranks
-                                               for op, n in r["downcast_ops"].items()],
-                        "no 64-bit downcasts"))
-    parts.append("<h2>HBM per logical core</h2>")
-    parts.append(_table(rc + ["core", "peak allocated", "peak reserved", "HBM", "OOMs"],
-                        [rk(r) + [f"neuron:{m['core']}", mib(m["peak_bytes"]),
-                                  mib(m["reserved_peak_bytes"]), mib(m["hbm_bytes"]),
-                                  m["num_ooms"]] for r in ranks for m in r["memory"]],
-                        "no device memory used"))
-    for r in ranks:
-        for m in r["memory"]:
-            label = (f"rank {r['rank']} " if multi else "") + f"neuron:{m['core']}"
-            parts.append(line_chart([(label, m["timeline"])],
-                                    f"allocated HBM over time, {label}", m["hbm_bytes"]))
-    parts.append("<h2>Collectives</h2>")
+        "compile seconds per graph (blue: first compile, red: recompile, green: cache hit)",
+        unit="s"))
     coll = [(r, x) for r in ranks for x in r["collectives"]]
-    parts.append(bar_chart([(f"rank {r['rank']} {x['op']}", x["bytes"] / 2**20,
-                             COLORS[r["rank"] % len(COLORS)]) for r, x in coll],
-                           "bytes per rank and op", unit="MiB"))
-    parts.append(_table(["rank", "op", "count", "bytes"],
-                        [[r["rank"], x["op"], x["count"], mib(x["bytes"])] for r, x in coll],
-                        "no collectives recorded"))
+    for sec in sections(rep):
+        if sec.title == ESTIMATE:
+            parts.append(estimate_view.html(rep, _table, bar_chart, _e))
+            continue
+        if sec.title != "Compiled graphs":
+            parts.append(f"<h2>{_e(sec.title)}</h2>")
+        if sec.note:
+            parts.append(f"<p>{_e(sec.note)}</p>")
+        if sec.title == "Collectives":
+            parts.append(bar_chart([(f"rank {r['rank']} {x['op']}", x["bytes"] / 2**20,
+                                     series_color(r["rank"])) for r, x in coll],
+                                   "bytes per rank and op", unit="MiB"))
+        parts.append(_table(sec.columns, sec.rows, sec.empty))
+        if sec.title == "HBM per logical core":
+            for r in ranks:
+                for m in r["memory"]:
+                    label = (f"rank {r['rank']} " if multi else "") + f"neuron:{m['core']}"
+                    parts.append(line_chart([(label, m["timeline"])],
+                                            f"allocated HBM over time, {label}", m["hbm_bytes"]))
     parts.append("<h2>Eager ops</h2>")
     for r in ranks:
         ops = r["eager_ops"]

@@ -8,11 +8,13 @@ class are chosen: support/configs.py. Exit status: see EXIT_CODES.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from neuronlocal.core.units import fmt_bytes
 from neuronlocal.support.configs import BadInput, Loaded, default_config_path, load
 
 GiB = 2**30
@@ -38,31 +40,31 @@ class Fit:
     train_tp: dict[str, int | None]
 
 
+FIT_INSTANCES = ("trn2.3xlarge", "trn2.48xlarge")
+
+
 def memory_fit(cfg: Any, model_cls: Any) -> Fit:
-    """Bytes of the full-size model, and the smallest tensor-parallel degree that fits a core."""
-    import neuronlocal
+    """Bytes of the full-size model, and the smallest tensor-parallel degree that fits a core
+    of each instance of FIT_INSTANCES (its logical cores and HBM per core under this
+    process's LNC and NEURONLOCAL_HBM_PER_CORE)."""
+    from neuronlocal.core import hardware, state
 
     with torch.device("meta"):
         model = model_cls(cfg)
     params = sum(p.numel() for p in model.parameters())
     weights = params * 2  # bf16 weights
     train = params * 16  # bf16 weights + grads, fp32 master copy + two AdamW states
-    hbm = neuronlocal.profile.hbm_per_core
-    budget = int(hbm * 0.9)  # leave room for activations and the KV cache
-    sizes = {"trn2.3xlarge": 4, "trn2.48xlarge": 64}
+    profiles = [hardware.profile(dataclasses.replace(state.config, instance=inst,
+                                                     visible_cores=None))
+                for inst in FIT_INSTANCES]
 
     def smallest(total: int) -> dict[str, int | None]:
-        return {inst: next((tp for tp in TP_DEGREES if tp <= cores and total / tp <= budget),
-                           None) for inst, cores in sizes.items()}
+        # 10% of each core is left for activations and the KV cache.
+        return {p.instance: next((tp for tp in TP_DEGREES if tp <= p.total_cores
+                                  and total / tp <= int(p.hbm_per_core * 0.9)), None)
+                for p in profiles}
 
     return Fit(params, weights, train, smallest(weights), smallest(train))
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def print_fallbacks(calls: dict[str, int], traffic: dict[str, dict[str, int]]) -> None:
@@ -74,8 +76,8 @@ def print_fallbacks(calls: dict[str, int], traffic: dict[str, dict[str, int]]) -
     print(f"  {'op':<44}{'calls':>7}  {'to host / call':>15}  {'from host / call':>16}")
     for op, n in sorted(calls.items(), key=lambda kv: -kv[1]):
         t = traffic.get(op, {})
-        print(f"  {op:<44}{n:>7}  {_size(t.get('to_host', 0) / max(1, n)):>15}  "
-              f"{_size(t.get('from_host', 0) / max(1, n)):>16}")
+        print(f"  {op:<44}{n:>7}  {fmt_bytes(t.get('to_host', 0) / max(1, n), 1):>15}  "
+              f"{fmt_bytes(t.get('from_host', 0) / max(1, n), 1):>16}")
 
 
 def _print_fit(loaded: Loaded) -> None:

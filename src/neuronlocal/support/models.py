@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from neuronlocal import device as neuron
+
 MODES = ("eager", "compile", "generate", "shapes", "train")  # run in this order
 TASK_MODES = {"causal-lm": MODES, "seq2seq": MODES,
               "masked-lm": ("eager", "compile", "shapes", "train"),
@@ -212,7 +214,7 @@ def _loss(out: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _graphs() -> int:
-    return int(torch.neuron.get_dynamo_metrics()["num_graphs"])
+    return int(neuron.get_dynamo_metrics()["num_graphs"])
 
 
 def _shapes(config: Any, model_cls: Any, task: str, res: ModeResult) -> None:
@@ -249,6 +251,34 @@ def _shapes(config: Any, model_cls: Any, task: str, res: ModeResult) -> None:
     _run_mode(res, on_cpu, on_neuron, 2e-3)
 
 
+def _run_modes(rep: ModelReport, modes: tuple[str, ...], built: tuple[Any, Any, str],
+               cpu_side: tuple[Any, dict[str, Any]], neuron_side: tuple[Any, dict[str, Any]]
+               ) -> None:
+    """Each selected mode on CPU and neuron, into rep.modes (train last: it changes weights)."""
+    config, model_cls, task = built
+    cpu, inputs = cpu_side
+    dev, inputs_n = neuron_side
+    if "eager" in modes:
+        rep.modes["eager"] = m = ModeResult()
+        _run_mode(m, lambda: _fwd_bwd(cpu, inputs), lambda: _fwd_bwd(dev, inputs_n), 2e-3)
+    if "compile" in modes:
+        rep.modes["compile"] = m = ModeResult()
+        before = _graphs()
+        with torch.no_grad():
+            _run_mode(m, lambda: [_logits(cpu(**inputs))],
+                      lambda: [_logits(torch.compile(dev, backend="neuron")(**inputs_n))], 2e-3)
+        m.graphs = _graphs() - before
+    if "generate" in modes:
+        rep.modes["generate"] = m = ModeResult()
+        _generate(m, cpu, dev, inputs, inputs_n)
+    if "shapes" in modes:
+        rep.modes["shapes"] = m = ModeResult()
+        _shapes(config, model_cls, task, m)
+    if "train" in modes:  # last: it changes the parameters
+        rep.modes["train"] = m = ModeResult()
+        _run_mode(m, lambda: _train_step(cpu, inputs), lambda: _train_step(dev, inputs_n), 2e-3)
+
+
 def check_model(model_type: str, architecture: str, config: Any | None = None,
                 modes: tuple[str, ...] = MODES, seq: int = 12, task: str = "causal-lm",
                 model_cls: Any | None = None) -> ModelReport:
@@ -256,9 +286,8 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     import transformers
     from transformers import CONFIG_MAPPING
 
-    import torch_neuronx
-    from neuronlocal.compile import metrics
-    from neuronlocal.eager.tracking import get_fallback_traffic
+    from neuronlocal.core import dynamo_metrics as metrics
+    from neuronlocal.eager import tracking
     from neuronlocal.support.configs import build_config
 
     rep = ModelReport(model_type, architecture)
@@ -283,33 +312,15 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     inputs = make_inputs(cfg, task, seq if task != "image-classification" else 2, gen, model_cls)
     inputs_n = _to(inputs, "neuron")
     metrics.reset_dynamo_metrics()
-    torch_neuronx.clear_op_tracking()
-    torch.neuron.reset_peak_memory_stats()
-    if "eager" in modes:
-        rep.modes["eager"] = m = ModeResult()
-        _run_mode(m, lambda: _fwd_bwd(cpu, inputs), lambda: _fwd_bwd(dev, inputs_n), 2e-3)
-    if "compile" in modes:
-        rep.modes["compile"] = m = ModeResult()
-        before = _graphs()
-        with torch.no_grad():
-            _run_mode(m, lambda: [_logits(cpu(**inputs))],
-                      lambda: [_logits(torch.compile(dev, backend="neuron")(**inputs_n))], 2e-3)
-        m.graphs = _graphs() - before
-    if "generate" in modes:
-        rep.modes["generate"] = m = ModeResult()
-        _generate(m, cpu, dev, inputs, inputs_n)
-    if "shapes" in modes:
-        rep.modes["shapes"] = m = ModeResult()
-        _shapes(config, model_cls, task, m)
-    if "train" in modes:  # last: it changes the parameters
-        rep.modes["train"] = m = ModeResult()
-        _run_mode(m, lambda: _train_step(cpu, inputs), lambda: _train_step(dev, inputs_n), 2e-3)
+    tracking.clear_op_tracking()
+    neuron.reset_peak_memory_stats()
+    _run_modes(rep, modes, (config, model_cls, task), (cpu, inputs), (dev, inputs_n))
     rep.seconds = time.perf_counter() - start
     rep.compiles = _graphs()  # hits compile on Trainium too
-    rep.peak_hbm = torch.neuron.max_memory_allocated()
-    rep.fallback_ops = torch_neuronx.get_fallback_ops()
-    rep.fallback_traffic = get_fallback_traffic()
-    rep.downcast_ops = torch_neuronx.get_downcast_ops()
+    rep.peak_hbm = neuron.max_memory_allocated()
+    rep.fallback_ops = tracking.get_fallback_ops()
+    rep.fallback_traffic = tracking.get_fallback_traffic()
+    rep.downcast_ops = tracking.get_downcast_ops()
     rep.status = classify(rep)
     return rep
 

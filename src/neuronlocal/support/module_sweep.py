@@ -38,9 +38,6 @@ from neuronlocal.support.opinfo_sweep import DEVICE, Result
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
-# Whole ModuleInfos not run on neuron, each with its reason.
-SKIPS: dict[str, str] = {}
-
 # Known neuron-only failures, each with its reason (tests mark them xfail).
 KNOWN_FAILURES: dict[str, str] = {}
 
@@ -165,9 +162,6 @@ def run_case(info: Any, dtype_name: str, max_inputs: int | None = None) -> Resul
     """Runs every module input of `info` for one dtype on CPU and neuron and compares them."""
     t0 = time.perf_counter()
     res = Result(info.name, dtype_name, "pass")
-    if info.name in SKIPS:
-        res.status, res.detail = "skip", SKIPS[info.name]
-        return res
     with ops_sweep.sweep_policy(), ops_sweep.tracked(res):
         _run(info, DTYPES[dtype_name], max_inputs, res)
     res.seconds = time.perf_counter() - t0

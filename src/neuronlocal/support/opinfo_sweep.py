@@ -64,7 +64,6 @@ VALUE_SKIPS: dict[str, str] = {
     "empty_permuted": UNINITIALIZED,
     "new_empty": UNINITIALIZED,
     "new_empty_strided": UNINITIALIZED,
-    "torch.empty": UNINITIALIZED,
     "resize_": UNINITIALIZED,
     "resize_as_": UNINITIALIZED,
 }
@@ -77,9 +76,6 @@ RANDOM = "random op: values depend on the generator (neuron draws from its core'
 CPU_ARGS: dict[str, str] = {
     "tensor_split": "tensor_indices_or_sections must be a CPU tensor (as on CUDA)",
 }
-
-# Whole OpInfos not run on neuron, each with its reason.
-SKIPS: dict[str, str] = {}
 
 # Known neuron-only failures, each with its reason (tests mark them xfail).
 _SPARSE = ("sparse layouts: neuron supports strided tensors only, as TorchNeuron does "
@@ -177,10 +173,10 @@ def cases(names: tuple[str, ...] | None = None) -> list[tuple[Any, str]]:
 def sweep_policy() -> Iterator[None]:
     """64-bit downcast off (exact int64 comparison), not strict, Trainium's op placement
     (so fallbacks are recorded), warnings silenced."""
-    import neuronlocal
+    from neuronlocal.core import state
     from neuronlocal.eager import set_policy
 
-    cfg = neuronlocal.config
+    cfg = state.config
     set_policy(downcast_64bit=False, strict=False, placement="trainium")
     try:
         with warnings.catch_warnings():
@@ -364,9 +360,6 @@ def run_case(op: Any, dtype_name: str, max_samples: int | None = None) -> Result
     t0 = time.perf_counter()
     name = op_name(op)
     res = Result(name, dtype_name, "pass")
-    if name in SKIPS:
-        res.status, res.detail = "skip", SKIPS[name]
-        return res
     with sweep_policy(), tracked(res):
         _run(op, DTYPES[dtype_name], max_samples, res)
     res.seconds = time.perf_counter() - t0
@@ -441,16 +434,13 @@ def _check_grad(s: Any, c_in: Any, c_out: Any, n_in: Any, n_out: Any, res: Resul
     if not diff_outputs(c_o) or not grad_leaves(c_in):
         return
     gen = torch.Generator().manual_seed(i)
-    weights = [torch.randn(o.shape, dtype=o.dtype, generator=gen) if not o.is_complex()
-               else torch.randn(o.shape, dtype=o.dtype, generator=gen)
-               for o in diff_outputs(c_o)]
+    weights = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in diff_outputs(c_o)]
     try:
         c_g = _grads(c_o, c_in, weights)
     except Exception:  # noqa: BLE001  (backward unsupported on CPU: nothing to compare)
         return
     n_o = s.output_process_fn_grad(n_out)
     n_g = _grads(n_o, n_in, [w.to(DEVICE) for w in weights])
-    n_g = tuple(g for g in n_g)
     if len(n_g) != len(c_g):
         raise AssertionError(f"sample {i}: {len(n_g)} gradients on neuron, {len(c_g)} on CPU")
     for k, (a, e) in enumerate(zip(n_g, c_g, strict=True)):

@@ -13,11 +13,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.core.charts import COLORS, bar_chart
 from neuronlocal.support.models import MODES
 
-COLORS = {"pass": "#2e7d32", "neuron-fail": "#c62828", "cpu-fail": "#9e9e9e",
-          "build-fail": "#f9a825", "skipped": "#90a4ae", "timeout": "#6a1b9a",
-          "crash": "#4e342e", "not-run": "#e0e0e0"}
 STATUS_MEANING = {
     "pass": "runs on neuron and matches CPU in every mode that runs on CPU",
     "neuron-fail": "fails or differs on neuron in a mode that runs on CPU",
@@ -103,17 +101,10 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bar_chart(counts: dict[str, int], width: int = 520) -> str:
-    total = max(sum(counts.values()), 1)
-    bars, y = [], 10
-    for status, n in sorted(counts.items(), key=lambda kv: -kv[1]):
-        w = int((width - 200) * n / total)
-        color = COLORS.get(status, "#607d8b")
-        bars.append(f'<text x="0" y="{y + 14}" font-size="13">{html.escape(status)}</text>'
-                    f'<rect x="110" y="{y}" width="{w}" height="18" fill="{color}"/>'
-                    f'<text x="{115 + w}" y="{y + 14}" font-size="13">{n}</text>')
-        y += 26
-    return f'<svg width="{width}" height="{y + 6}" role="img">{"".join(bars)}</svg>'
+def _status_chart(counts: dict[str, int]) -> str:
+    bars = [(status, float(n), COLORS.get(status, COLORS["slate"]))
+            for status, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return bar_chart(bars, "models by status", width=520, digits=0)
 
 
 _SCRIPT = """
@@ -136,7 +127,7 @@ def html_page(data: dict[str, Any]) -> str:
     ths = "".join(f'<th onclick="sortBy({i})">{h}</th>' for i, h in enumerate(head))
     body = []
     for r in data["models"]:
-        color = COLORS.get(r["status"], "#607d8b")
+        color = COLORS.get(r["status"], COLORS["slate"])
         cells = [html.escape(r["model_type"]), html.escape(r["architecture"]),
                  f'<b style="color:{color}">{r["status"]}</b>',
                  *(_mode_cell(r, m) for m in MODES), str(r.get("layers") or "-")]
@@ -161,7 +152,7 @@ td.e{{max-width:420px;font-size:11px;color:#555}}</style><script>{_SCRIPT}</scri
 <p>Each model: a tiny random config that keeps the architecture's layer kinds, then every
 mode compared with CPU: {', '.join(MODES)} (compiled forward + backward at three sizes under
 the default Dynamo config, with the number of graphs compiled). {html.escape(_timing(data))}</p>
-{bar_chart(s['counts'])}
+{_status_chart(s['counts'])}
 <ul>{legend}</ul>
 <p><input id="q" placeholder="filter" oninput="filt()"></p>
 <table id="m"><thead><tr>{ths}</tr></thead><tbody>{''.join(body)}</tbody></table>

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from neuronlocal.config import Config, ConfigError
+from neuronlocal.core.config import Config, ConfigError
 
 GiB = 2**30
 MAX_VISIBLE_CORES = 128

@@ -1,7 +1,8 @@
 """One configuration object, read from the environment once at import.
 
-Every environment variable neuronlocal reads is listed in `ENV_VARS`; the table in
-README.md and docs/env-vars.md is generated from it (`neuronlocal env`), so code and docs
+Every environment variable neuronlocal reads is listed in `ENV_VARS` and read through the
+accessors here (`env_str`, `env_flag`, `env_seconds`), which refuse a name not in the table;
+README's table is generated from it (`neuronlocal env`), so code and docs
 cannot drift apart. TorchNeuron's own names are used wherever TorchNeuron has one.
 
 A bad value never breaks `import torch`: `Config.parse_env` collects one message per bad
@@ -121,7 +122,8 @@ def _known(name: str) -> EnvVar:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise KeyError(f"{name} is not in neuronlocal.config.ENV_VARS; add it there.") from None
+        raise KeyError(f"{name} is not in ENV_VARS (neuronlocal/core/config.py); add it there."
+                       ) from None
 
 
 def env_str(name: str) -> str | None:

@@ -1,6 +1,6 @@
 """Compile metrics: one record per compiled graph, plus Dynamo's recompiles and graph breaks.
 
-`get_dynamo_metrics()` mirrors TorchNeuron's helper (spec 3.6): graph id, name, node count,
+`get_dynamo_metrics()` mirrors TorchNeuron's helper of that name: graph id, name, node count,
 input shapes, compile seconds, cache hit or miss, has-collectives. Recompile reasons (the
 guard that failed) and graph breaks (with reasons) come from Dynamo's own records.
 """

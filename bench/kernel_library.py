@@ -6,23 +6,15 @@ On the host a kernel must be correct and never slower than the PyTorch code it r
 (b) eager forward of Llama (hidden 1024, 8 layers, batch 4x256) on neuron, kernelized
     (`neuronlocal.kernels.kernelize`) / plain: speed-up goal >= 1.0
 Outputs are checked against the references once, in the parent process.
-Run: python bench/kernels.py [--quick] [--rounds N]   (--quick: hidden 256, 2 layers, 2x64)
+Run: python bench/kernel_library.py [--quick] [--rounds N]   (--quick: hidden 256, 2 layers, 2x64)
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path.insert(0, _HERE)
-from _common import Case, Goal, llama, run_cases  # noqa: E402
-
-# This file is named kernels.py: keep its folder off sys.path so `import kernels` is HF's.
-sys.path[:] = [p for p in sys.path if p not in (_HERE, "bench") and Path(p or ".").resolve()
-               != Path(_HERE)]
+from _common import Case, Goal, llama, run_cases
 
 SIDES = ("reference", "kernel")
 

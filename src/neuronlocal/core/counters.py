@@ -1,0 +1,72 @@
+"""Counters a program (or the c10d backend) feeds: collectives per rank and free-form counts.
+
+TorchNeuron's `torch_neuronx.metrics` keeps counters like these. Collectives are counted by
+the `neuron` process-group backend calling `record_collective(op, nbytes)` once per
+collective. Everything else (compiles, fallbacks, memory) is read from the places that
+already count it, by `neuronlocal.report`, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import defaultdict
+from typing import Any
+
+log = logging.getLogger("neuronlocal.report")
+
+_lock = threading.Lock()
+_collectives: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])  # -> [count, bytes]
+_counters: dict[str, int] = defaultdict(int)
+
+
+def current_rank() -> int:
+    """This process's rank: the initialised process group's, else torchrun's RANK, else 0."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except (ImportError, RuntimeError):
+        pass
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def record_collective(op: str, nbytes: int, rank: int | None = None) -> None:
+    """Counts one collective (e.g. "all_reduce") moving `nbytes` bytes from this rank."""
+    r = current_rank() if rank is None else rank
+    with _lock:
+        entry = _collectives[(r, op)]
+        entry[0] += 1
+        entry[1] += int(nbytes)
+    log.debug("collective %s: %d bytes (rank %d)", op, nbytes, r)
+
+
+def get_collectives() -> list[dict[str, Any]]:
+    """[{rank, op, count, bytes}], sorted by rank then op."""
+    with _lock:
+        items = sorted(_collectives.items())
+    return [{"rank": r, "op": op, "count": c, "bytes": b} for (r, op), (c, b) in items]
+
+
+def increment(name: str, value: int = 1) -> None:
+    """A free-form counter (e.g. "steps"), reported with the built-in ones."""
+    with _lock:
+        _counters[name] += value
+
+
+def user_counters() -> dict[str, int]:
+    """The free-form counters, by name."""
+    with _lock:
+        return dict(_counters)
+
+
+def reset() -> None:
+    """Clears the counters kept here (collectives and user counters)."""
+    with _lock:
+        _collectives.clear()
+        _counters.clear()

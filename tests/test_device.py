@@ -97,3 +97,21 @@ def test_autoload_without_import(fresh_python):
                      "print(x.device, torch.neuron.memory_allocated(1))")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == "neuron:1" and int(r.stdout.split()[1]) > 0
+
+
+def test_forked_child_is_seeded_like_cpu():
+    """Host memory survives fork, so a forked child (DataLoader worker, forkserver row) has a
+    working device and torch.manual_seed seeds it: dropout masks equal CPU's."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        assert pool.apply(_dropout_matches_cpu_after_seed)
+
+
+def _dropout_matches_cpu_after_seed() -> bool:
+    torch.manual_seed(2)
+    want = torch.nn.functional.dropout(torch.ones(64), 0.5)
+    torch.manual_seed(2)
+    got = torch.nn.functional.dropout(torch.ones(64, device="neuron"), 0.5)
+    return bool(torch.equal(got.cpu(), want))

@@ -17,7 +17,6 @@ variable, its value and the accepted values. That is what TorchNeuron raises fro
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,20 +40,14 @@ __all__ = [
 ]
 
 _initialized = False
-_in_bad_fork = False
 _warned_unavailable = False
 
 
-def _after_fork_in_child() -> None:
-    global _in_bad_fork
-    _in_bad_fork = _initialized
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _is_in_bad_fork() -> bool:
-    return _in_bad_fork
+    """Never: neuron memory is host memory, so a forked child (a DataLoader worker, a
+    forkserver row) keeps a working device, and torch.manual_seed must seed it there too
+    (torch skips seeding devices that report a bad fork)."""
+    return False
 
 
 def check_available() -> None:
@@ -76,16 +69,13 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return _initialized and not _in_bad_fork
+    return _initialized
 
 
 def init() -> None:
-    """Initialises the device runtime (idempotent). Fails in a forked child, as CUDA does."""
+    """Initialises the device runtime (idempotent)."""
     global _initialized
     check_available()
-    if _in_bad_fork:
-        raise RuntimeError("Cannot re-initialize neuron in a forked subprocess. To use neuron "
-                           "with multiprocessing, use the 'spawn' start method.")
     _initialized = True
 
 

@@ -18,6 +18,12 @@ from neuronlocal.core.dynamo_metrics import (
 Backend = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
 
+class NEFFExecutionError(RuntimeError):
+    """TorchNeuron's error for a compiled graph that fails on the device. Part of its public
+    API, so code that catches it imports here; compiled graphs run on the host here and
+    raise the underlying error (e.g. torch.OutOfMemoryError) instead."""
+
+
 def create_neuron_backend(**options: Any) -> Backend:
     """A backend callable with fixed options, for torch.compile(backend=...)."""
 
@@ -34,6 +40,6 @@ def get_rank() -> int:
 
 
 __all__ = [
-    "NEFFCompilationError", "create_neuron_backend", "get_dynamo_metrics",
+    "NEFFCompilationError", "NEFFExecutionError", "create_neuron_backend", "get_dynamo_metrics",
     "get_model_name", "get_rank", "neuron_backend", "reset_dynamo_metrics", "set_model_name",
 ]

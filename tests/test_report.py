@@ -257,7 +257,8 @@ def test_sigint_to_run_is_forwarded_and_exits_130(tmp_path):
     path = script(tmp_path, "wait.py", NEURON_WORK + f"""\
 import pathlib, time
 pathlib.Path({str(ready)!r}).write_text("1")
-time.sleep(120)
+for _ in range(1200):  # short sleeps: the kernel may deliver SIGINT to any thread, and Python
+    time.sleep(0.1)    # runs the handler only when the main thread wakes
 """)
     out = tmp_path / "report"
     proc = subprocess.Popen([sys.executable, "-m", "neuronlocal", "run", "--report", str(out),

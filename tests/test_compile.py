@@ -156,6 +156,34 @@ def test_static_shapes_compile_once_per_shape():
     assert kinds <= {"static", "specialized"}
 
 
+@pytest.mark.parametrize("flags", ["-O1", "--optlevel 2"])
+def test_optimisation_level_sets_inductor_config(monkeypatch, flags):
+    """NEURON_CC_FLAGS's level picks Inductor's settings (-O1: one C++ file per graph, scalar
+    loops, no C++ optimisation); the graph matches CPU forward and backward either way, and
+    the caller's own patches win over the level's."""
+    from neuronlocal.compile import backend
+    from neuronlocal.compile.inductor import OPTLEVEL_PATCHES
+
+    seen: list[dict] = []
+    stock = backend.stock_compile_fx()
+
+    def recording(gm, examples, config_patches=None):
+        seen.append(dict(config_patches or {}))
+        return stock(gm, examples, config_patches=config_patches)
+
+    monkeypatch.setattr(backend, "stock_compile_fx", lambda: recording)
+    monkeypatch.setenv("NEURON_CC_FLAGS", flags)
+    check_train_step(mlp(), (torch.randn(4, 16),))
+    level = 1 if flags == "-O1" else 2
+    assert seen == [OPTLEVEL_PATCHES[level]], seen
+    assert OPTLEVEL_PATCHES[1]["cpp_wrapper"] is True and OPTLEVEL_PATCHES[2] == {}
+    torch._dynamo.reset()
+    torch.compile(mlp().to("neuron"), backend="neuron",
+                  options={"config_patches": {"cpp_wrapper": False}})(
+        torch.randn(4, 16, device="neuron"))
+    assert seen[-1] == {**OPTLEVEL_PATCHES[level], "cpp_wrapper": False}
+
+
 def test_default_backend_on_neuron_matches_cpu():
     """torch.compile(model) with no backend (Inductor) on neuron tensors compiles through the
     neuron backend and matches CPU, forward and backward."""

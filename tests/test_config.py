@@ -26,6 +26,7 @@ from neuronlocal.core.config import (
     env_flag,
     env_seconds,
     parse_flag,
+    parse_optlevel,
 )
 from neuronlocal.distributed.backend import checks_enabled
 
@@ -40,6 +41,7 @@ BAD: dict[str, list[str]] = {
     "flag": ["maybe", "2", "yes please"],
     "seconds": ["soon", "-1", "inf", "nan"],
     "level": ["banana", "-1", "3.5"],
+    "ccflags": ["-O7", "--optlevel fast", "--target trn2 -O", "--optlevel", "'-O1"],
 }
 GOOD: dict[str, list[str]] = {
     "instance": ["trn2.48xlarge", "trn3.3xlarge"],
@@ -49,6 +51,8 @@ GOOD: dict[str, list[str]] = {
     "flag": ["1", "0", "TRUE", "off", "Yes", ""],
     "seconds": ["0", "600", "2.5"],
     "level": ["0", "3", "7"],
+    "ccflags": ["-O1", "--optlevel 1", "--optlevel=3 --model-type transformer",
+                "--target trn2 -O2", ""],
 }
 ISSUE_VALUES = {"NEURON_RT_VISIBLE_CORES": "99", "NEURONLOCAL_INSTANCE": "trn9.huge",
                 "NEURON_LOGICAL_NC_CONFIG": "3", "NEURONLOCAL_HBM_PER_CORE": "0",
@@ -85,6 +89,13 @@ def _good_cases() -> list[tuple[str, str]]:
     """GOOD per kind; a choice variable's own choices, the last one padded with spaces."""
     return [(v.name, raw) for v in CHECKED
             for raw in (GOOD[v.kind] or [*v.choices[:-1], f" {v.choices[-1]} "])]
+
+
+@pytest.mark.parametrize(("raw", "level"), [
+    ("", 2), ("-O1", 1), ("--optlevel 1", 1), ("--optlevel=3", 3), ("-O3 -O1", 1),
+    ("--model-type transformer --auto-cast none", 2), ("--target trn2 --optlevel 1 -O2", 2)])
+def test_optimisation_level_is_read_as_neuronx_cc_reads_it(raw, level):
+    assert parse_optlevel("NEURON_CC_FLAGS", raw) == level
 
 
 @pytest.mark.parametrize(("name", "raw"), _good_cases())

@@ -31,6 +31,7 @@ from torch import fx
 from neuronlocal import _C
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
+from neuronlocal.compile.inductor import optlevel_patches, stock_compile_fx
 from neuronlocal.compile.subclass import compile_desugared, has_subclass
 from neuronlocal.core import dynamo_metrics as metrics
 from neuronlocal.core.config import env_flag
@@ -147,8 +148,6 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from neuronlocal.compile.inductor import stock_compile_fx
-
     # As under Dynamo: fake inputs from a mode with a shape environment, inside a tracing
     # context. Inductor's and AOTAutograd's caches need both (a bare compile bypasses them).
     # Shapes are static: every size is a plain integer.
@@ -195,7 +194,8 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     to_neuron = output_devices(gm)
     cpu_gm = rewrite_to_cpu(copy.deepcopy(gm))
     examples = [_example(x, autograd) for x in example_inputs]
-    patches = options.get("config_patches")
+    # The optimisation level's settings, then the caller's own (mode, options) over them.
+    patches = {**optlevel_patches(), **(options.get("config_patches") or {})}
     grad = autograd and torch.is_grad_enabled()
     flags: dict[str, Any] = {"grad": grad, "patches": repr(sorted((patches or {}).items()))}
     if not autograd:  # a part of a desugared graph: its bridge never enters autograd
@@ -232,8 +232,8 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
                                        dict(extra or {})))
     log.debug("compiled %s (%d nodes) in %.2fs, cache %s\n%s", name, nodes, seconds,
               cache_state, cpu_gm.code)
-    # [estimate] Trainium-time estimate of this graph on its record; counts its calls while
-    # `neuronlocal run`/`check` capture (neuronlocal.estimate.capture.attach; lead: port it).
+    # The Trainium-time estimate of this graph goes on its record, and its calls are counted
+    # while `neuronlocal run` or `check` captures (neuronlocal.estimate.capture).
     return estimate_capture.attach(gm, example_inputs, compiled)
 
 

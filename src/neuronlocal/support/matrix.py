@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.core.config import env_str
 from neuronlocal.support.configs import TASK_MAPPINGS, BadInput
 
 TASKS = tuple(TASK_MAPPINGS)
@@ -41,6 +42,10 @@ GiB = 2**30
 _POLL = 0.25
 _WORKER_ENV = {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "PYTHONWARNINGS": "ignore",
                "TRANSFORMERS_VERBOSITY": "error"}
+# Rows compile at optimisation level 1 (unless NEURON_CC_FLAGS says otherwise): what a row
+# tests is whether each graph compiles and matches CPU, not how fast its kernels run, and
+# compiling is most of a row's time.
+MATRIX_CC_FLAGS = "-O1"
 _ctx_lock = threading.Lock()
 _ctx: Any = None
 
@@ -94,6 +99,8 @@ def _context() -> Any:
     with _ctx_lock:
         if _ctx is None:
             os.environ.update(_WORKER_ENV)  # inherited by the forkserver when it starts
+            if not env_str("NEURON_CC_FLAGS"):
+                os.environ["NEURON_CC_FLAGS"] = MATRIX_CC_FLAGS
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["neuronlocal.support.worker"])
             _ctx = ctx
@@ -234,6 +241,7 @@ def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
     todo = sorted((a for a in archs if rows[a[0]].get("status") not in DONE),
                   key=lambda a: (FIRST.index(a[0]) if a[0] in FIRST else len(FIRST), a[0]))
     run = {"jobs": jobs, "timeout": timeout, "max_memory_gib": max_memory / GiB,
+           "compiler_flags": env_str("NEURON_CC_FLAGS") or MATRIX_CC_FLAGS,
            "rows_run": len(todo), "wall_seconds": 0.0}
     start = time.perf_counter()
     lock = threading.Lock()

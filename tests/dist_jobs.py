@@ -31,113 +31,139 @@ DIM, HIDDEN, SEQ, BATCH, STEPS, VOCAB = 16, 32, 8, 4, 3, 256
 
 
 # --- collectives -------------------------------------------------------------------------
-def collectives(out: Path) -> None:
-    import torch.distributed._functional_collectives as fc
+class _Checks:
+    """One rank's collective checks: results by name, and what every check needs."""
 
-    dist.init_process_group(backend="neuron")
-    r, w = dist.get_rank(), dist.get_world_size()
-    dev = torch.device("neuron", torch.neuron.current_device())
-    res: dict[str, Any] = {"device": str(dev), "backend": dist.get_backend(),
-                           "visible": os.environ.get("NEURON_RT_VISIBLE_CORES")}
+    def __init__(self) -> None:
+        self.r, self.w = dist.get_rank(), dist.get_world_size()
+        self.dev = torch.device("neuron", torch.neuron.current_device())
+        self.ranks = torch.arange(self.w, dtype=torch.float32)
+        self.res: dict[str, Any] = {"device": str(self.dev), "backend": dist.get_backend(),
+                                    "visible": os.environ.get("NEURON_RT_VISIBLE_CORES")}
 
-    def ok(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
-        res[name] = bool(got.device.type == "neuron"
-                         and torch.allclose(got.cpu().float(), want.float(), atol=1e-5))
+    def ok(self, name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        self.res[name] = bool(got.device.type == "neuron"
+                              and torch.allclose(got.cpu().float(), want.float(), atol=1e-5))
 
-    ranks = torch.arange(w, dtype=torch.float32)
+    def full(self, n: int, value: float) -> torch.Tensor:
+        return torch.full((n,), value, device=self.dev)
+
+
+def _all_reduce(c: _Checks) -> None:
+    r, w, ranks = c.r, c.w, c.ranks
     for op, want in [(dist.ReduceOp.SUM, ranks.sum() + w), (dist.ReduceOp.PRODUCT,
                      (ranks + 1).prod()), (dist.ReduceOp.MIN, torch.tensor(1.)),
                      (dist.ReduceOp.MAX, torch.tensor(float(w)))]:
         for async_op in (False, True):
-            t = torch.full((5,), float(r + 1), device=dev)
+            t = c.full(5, float(r + 1))
             work = dist.all_reduce(t, op=op, async_op=async_op)
             if async_op:
                 work.wait()
-            ok(f"all_reduce_{op}_{'async' if async_op else 'sync'}", t, want.expand(5))
+            c.ok(f"all_reduce_{op}_{'async' if async_op else 'sync'}", t, want.expand(5))
     for op, want in [(dist.ReduceOp.BAND, 0), (dist.ReduceOp.BOR, (1 << w) - 1),
                      (dist.ReduceOp.BXOR, (1 << w) - 1)]:
-        t = torch.tensor([1 << r], device=dev, dtype=torch.int32)
+        t = torch.tensor([1 << r], device=c.dev, dtype=torch.int32)
         dist.all_reduce(t, op=op)
-        ok(f"all_reduce_{op}", t, torch.tensor([want]))
-    fut_t = torch.ones(3, device=dev)
-    fut = dist.all_reduce(fut_t, async_op=True).get_future()
-    res["future_is_neuron"] = fut.wait()[0].device.type == "neuron"
+        c.ok(f"all_reduce_{op}", t, torch.tensor([want]))
+    fut = dist.all_reduce(c.full(3, 1.0), async_op=True).get_future()
+    c.res["future_is_neuron"] = fut.wait()[0].device.type == "neuron"
+    rd = c.full(4, float(r + 1))
+    dist.reduce(rd, dst=0)
+    if r == 0:
+        c.ok("reduce", rd, torch.full((4,), float(w * (w + 1) // 2)))
 
+
+def _gather_scatter(c: _Checks) -> None:
+    r, w, ranks, dev = c.r, c.w, c.ranks, c.dev
     x = torch.full((2, 3), float(r), device=dev)
     outs = [torch.empty(2, 3, device=dev) for _ in range(w)]
     dist.all_gather(outs, x)
-    ok("all_gather", torch.stack(outs), ranks.view(w, 1, 1).expand(w, 2, 3))
+    c.ok("all_gather", torch.stack(outs), ranks.view(w, 1, 1).expand(w, 2, 3))
     big = torch.empty(2 * w, 3, device=dev)
     dist.all_gather_into_tensor(big, x, async_op=True).wait()
-    ok("all_gather_into_tensor", big, ranks.repeat_interleave(2).view(-1, 1).expand(-1, 3))
+    c.ok("all_gather_into_tensor", big, ranks.repeat_interleave(2).view(-1, 1).expand(-1, 3))
     flat = torch.empty(2 * w * 3, device=dev)  # NCCL semantics: only element counts must match
     dist.all_gather_into_tensor(flat, x)
-    ok("all_gather_into_tensor_flat", flat, ranks.repeat_interleave(6).float())
+    c.ok("all_gather_into_tensor_flat", flat, ranks.repeat_interleave(6).float())
     src = torch.arange(2 * w, dtype=torch.float32, device=dev) + r
     o = torch.empty(2, device=dev)
     dist.reduce_scatter_tensor(o, src)
     want_rs = (torch.arange(2 * w, dtype=torch.float32) * w + ranks.sum())[2 * r: 2 * r + 2]
-    ok("reduce_scatter_tensor", o, want_rs)
+    c.ok("reduce_scatter_tensor", o, want_rs)
     o2 = torch.empty(2, device=dev)
     dist.reduce_scatter(o2, list(src.chunk(w)))
-    ok("reduce_scatter", o2, want_rs)
-    b = torch.full((4,), float(r), device=dev)
+    c.ok("reduce_scatter", o2, want_rs)
+    b = c.full(4, float(r))
     dist.broadcast(b, src=w - 1)
-    ok("broadcast", b, torch.full((4,), float(w - 1)))
-    rd = torch.full((4,), float(r + 1), device=dev)
-    dist.reduce(rd, dst=0)
-    if r == 0:
-        ok("reduce", rd, torch.full((4,), float(w * (w + 1) // 2)))
-    a_in = torch.arange(w * 2, dtype=torch.float32, device=dev) + 100 * r
-    a_out = torch.empty_like(a_in)
-    dist.all_to_all_single(a_out, a_in)
-    want_a2a = torch.tensor([100. * s + 2 * r + k for s in range(w) for k in range(2)])
-    ok("all_to_all_single", a_out, want_a2a)
-    l_out = [torch.empty(2, device=dev) for _ in range(w)]
-    dist.all_to_all(l_out, list(a_in.chunk(w)))
-    ok("all_to_all", torch.cat(l_out), want_a2a)
-    try:
-        dist.all_to_all_single(a_out, a_in, [1] + [2] * (w - 2) + [3], [2] * w)
-        res["uneven_error"] = ""
-    except NotImplementedError as e:
-        res["uneven_error"] = str(e)
-    g = torch.full((2,), float(r), device=dev)
+    c.ok("broadcast", b, torch.full((4,), float(w - 1)))
+    g = c.full(2, float(r))
     gl = [torch.empty(2, device=dev) for _ in range(w)] if r == 0 else None
     dist.gather(g, gl, dst=0)
-    if r == 0:
-        ok("gather", torch.stack(gl), ranks.view(w, 1).expand(w, 2))
+    if r == 0 and gl is not None:
+        c.ok("gather", torch.stack(gl), ranks.view(w, 1).expand(w, 2))
     sc = torch.empty(2, device=dev)
-    dist.scatter(sc, [torch.full((2,), float(i), device=dev) for i in range(w)] if r == 0
-                 else None, src=0)
-    ok("scatter", sc, torch.full((2,), float(r)))
+    dist.scatter(sc, [c.full(2, float(i)) for i in range(w)] if r == 0 else None, src=0)
+    c.ok("scatter", sc, torch.full((2,), float(r)))
+
+
+def _all_to_all(c: _Checks) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns this rank's input and the expected output, for the functional version."""
+    r, w = c.r, c.w
+    a_in = torch.arange(w * 2, dtype=torch.float32, device=c.dev) + 100 * r
+    a_out = torch.empty_like(a_in)
+    dist.all_to_all_single(a_out, a_in)
+    want = torch.tensor([100. * s + 2 * r + k for s in range(w) for k in range(2)])
+    c.ok("all_to_all_single", a_out, want)
+    l_out = [torch.empty(2, device=c.dev) for _ in range(w)]
+    dist.all_to_all(l_out, list(a_in.chunk(w)))
+    c.ok("all_to_all", torch.cat(l_out), want)
+    try:
+        dist.all_to_all_single(a_out, a_in, [1] + [2] * (w - 2) + [3], [2] * w)
+        c.res["uneven_error"] = ""
+    except NotImplementedError as e:
+        c.res["uneven_error"] = str(e)
+    return a_in, want
+
+
+def _point_to_point(c: _Checks) -> None:
+    r, w = c.r, c.w
     dist.barrier()
-    p2p = torch.full((3,), float(r), device=dev)
+    p2p = c.full(3, float(r))
     if r == 0:
         dist.send(p2p, dst=1)
     elif r == 1:
         dist.recv(p2p, src=0)
-        ok("send_recv", p2p, torch.zeros(3))
-    ops = [dist.P2POp(dist.isend, torch.full((2,), float(r), device=dev), (r + 1) % w),
-           dist.P2POp(dist.irecv, recv_buf := torch.empty(2, device=dev), (r - 1) % w)]
+        c.ok("send_recv", p2p, torch.zeros(3))
+    recv_buf = torch.empty(2, device=c.dev)
+    ops = [dist.P2POp(dist.isend, c.full(2, float(r)), (r + 1) % w),
+           dist.P2POp(dist.irecv, recv_buf, (r - 1) % w)]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
-    ok("batch_isend_irecv", recv_buf, torch.full((2,), float((r - 1) % w)))
+    c.ok("batch_isend_irecv", recv_buf, torch.full((2,), float((r - 1) % w)))
 
-    # zero copy: the bytes gloo wrote are the neuron tensor's bytes, no extra allocation
-    z = torch.ones(1 << 16, device=dev)
+
+def _zero_copy(c: _Checks) -> None:
+    """The bytes gloo wrote are the neuron tensor's bytes: no extra allocation."""
+    z = torch.ones(1 << 16, device=c.dev)
     ptr = z.data_ptr()
     torch.neuron.reset_peak_memory_stats()
     before = torch.neuron.memory_allocated()
     dist.all_reduce(z)
-    res["zero_copy"] = bool(z.data_ptr() == ptr and torch.neuron.max_memory_allocated() == before)
+    c.res["zero_copy"] = bool(z.data_ptr() == ptr
+                              and torch.neuron.max_memory_allocated() == before)
 
-    grp = dist.group.WORLD
-    y = torch.full((4,), float(r + 1), device=dev)
-    ok("fc_all_reduce", fc.all_reduce(y, "sum", grp), torch.full((4,), float(w * (w + 1) / 2)))
-    ok("fc_all_gather", fc.all_gather_tensor(y, 0, grp), (ranks + 1).repeat_interleave(4))
-    rs = fc.reduce_scatter_tensor(torch.arange(4. * w, device=dev), "sum", 0, grp)
-    ok("fc_reduce_scatter", rs, torch.arange(4. * w)[4 * r:4 * r + 4] * w)
-    ok("fc_all_to_all", fc.all_to_all_single(a_in, None, None, grp), want_a2a)
+
+def _functional(c: _Checks, a_in: torch.Tensor, want_a2a: torch.Tensor) -> None:
+    """Functional collectives, eager and in a compiled graph."""
+    import torch.distributed._functional_collectives as fc
+
+    r, w, ranks, grp = c.r, c.w, c.ranks, dist.group.WORLD
+    y = c.full(4, float(r + 1))
+    c.ok("fc_all_reduce", fc.all_reduce(y, "sum", grp), torch.full((4,), float(w * (w + 1) / 2)))
+    c.ok("fc_all_gather", fc.all_gather_tensor(y, 0, grp), (ranks + 1).repeat_interleave(4))
+    rs = fc.reduce_scatter_tensor(torch.arange(4. * w, device=c.dev), "sum", 0, grp)
+    c.ok("fc_reduce_scatter", rs, torch.arange(4. * w)[4 * r:4 * r + 4] * w)
+    c.ok("fc_all_to_all", fc.all_to_all_single(a_in, None, None, grp), want_a2a)
 
     @torch.compile(backend="neuron", fullgraph=True)
     def f(v: torch.Tensor) -> torch.Tensor:
@@ -147,9 +173,20 @@ def collectives(out: Path) -> None:
             gathered, None, None, grp).view(w, -1).sum(0)
 
     total = 2 * w * (w + 1) / 2 + 1
-    ok("fc_compiled", f(y), torch.full((4,), total * w + total * w))
+    c.ok("fc_compiled", f(y), torch.full((4,), total * w + total * w))
+
+
+def collectives(out: Path) -> None:
+    dist.init_process_group(backend="neuron")
+    c = _Checks()
+    _all_reduce(c)
+    _gather_scatter(c)
+    a_in, want_a2a = _all_to_all(c)
+    _point_to_point(c)
+    _zero_copy(c)
+    _functional(c, a_in, want_a2a)
     dist.destroy_process_group()
-    (out / f"collectives_{r}.json").write_text(json.dumps(res))
+    (out / f"collectives_{c.r}.json").write_text(json.dumps(c.res))
 
 
 # --- training validation -----------------------------------------------------------------

@@ -268,29 +268,46 @@ def direct_composites() -> set[str]:
     return {f"aten::{n}" for n in DEVICE_CHECKING_COMPOSITES}
 
 
+def _entry(name: str, keys: list[str], device: dict[str, Any], delegated: dict[str, str]
+           ) -> dict[str, Any]:
+    """One op's placement from its dispatch keys and the evidence, before its pieces."""
+    if name in STAND_INS:
+        return {"placement": "device", "stand_in": STAND_INS[name]}
+    if name in device:
+        return {"placement": "device"}
+    if CIA in keys:
+        return {"placement": "composite", "kind": "implicit"}
+    if name in delegated:
+        return {"placement": "composite", "kind": "structured", "pieces": [delegated[name]]}
+    if CEANF in keys or CEA in keys:
+        return {"placement": "composite", "kind": "explicit"}
+    return {"placement": "host", **({} if "CPU" in keys else {"no_cpu_kernel": True})}
+
+
+def _host_of(ops: dict[str, dict[str, Any]], name: str,
+             seen: frozenset[str] = frozenset()) -> str | None:
+    """The op that runs on the host when `name` runs, or None (all on the device)."""
+    e = ops.get(name)
+    if e is None or name in seen or e["placement"] == "device":
+        return None
+    if e["placement"] == "host":
+        return name
+    for p in e.get("pieces", ()):
+        host = _host_of(ops, p, seen | {name})
+        if host is not None:
+            return host
+    return None
+
+
 def derive(evidence: dict[str, Any], regs: dict[str, list[str]], delegated: dict[str, str],
            flags: dict[str, str], traced: dict[str, Any], direct: set[str]
            ) -> dict[str, dict[str, Any]]:
     """Placement of every op in `regs` from the evidence (pure: the test re-runs it).
     `direct`: composites without a CPU kernel that neuronlocal still runs as one op."""
-    device = evidence["device_ops"]
     pieces: dict[str, list[str]] = traced["pieces"]
     ops: dict[str, dict[str, Any]] = {}
     for name, keys in regs.items():
-        if name in STAND_INS:
-            e: dict[str, Any] = {"placement": "device", "stand_in": STAND_INS[name]}
-        elif name in device:
-            e = {"placement": "device"}
-        elif CIA in keys:
-            e = {"placement": "composite", "kind": "implicit"}
-        elif name in delegated:
-            e = {"placement": "composite", "kind": "structured", "pieces": [delegated[name]]}
-        elif CEANF in keys or CEA in keys:
-            e = {"placement": "composite", "kind": "explicit"}
-        else:
-            e = {"placement": "host"}
-            if "CPU" not in keys:
-                e["no_cpu_kernel"] = True
+        e = _entry(name, keys, evidence["device_ops"], delegated)
         if e["placement"] == "composite" and "pieces" not in e and name in pieces:
             e["pieces"] = [p for p in pieces[name] if p in regs]
         if name in flags:
@@ -298,20 +315,6 @@ def derive(evidence: dict[str, Any], regs: dict[str, list[str]], delegated: dict
         if name in traced["f64"]:
             e["float64"] = True
         ops[name] = e
-
-    def resolve(name: str, seen: frozenset[str] = frozenset()) -> str | None:
-        """The op that runs on the host when `name` runs, or None (all on the device)."""
-        e = ops.get(name)
-        if e is None or name in seen or e["placement"] == "device":
-            return None
-        if e["placement"] == "host":
-            return name
-        for p in e.get("pieces", ()):
-            host = resolve(p, seen | {name})
-            if host is not None:
-                return host
-        return None
-
     for name, e in ops.items():
         keys = regs[name]
         run_directly = (e["placement"] == "composite" and e["kind"] != "implicit"
@@ -319,7 +322,7 @@ def derive(evidence: dict[str, Any], regs: dict[str, list[str]], delegated: dict
         if run_directly and name in direct:  # its composite computes on CPU only
             e.update(runs="host", host_op=name, cpu_only=True)
         elif run_directly:  # neuronlocal runs it as one CPU kernel; Trainium runs its pieces
-            host = resolve(name)
+            host = _host_of(ops, name)
             e["runs"] = "host" if host else "device"
             if host:
                 e["host_op"] = host
@@ -329,7 +332,7 @@ def derive(evidence: dict[str, Any], regs: dict[str, list[str]], delegated: dict
             # TorchNeuron registers this composite: it never decomposes on Trainium. Where
             # its pieces would fall back, neuronlocal registers it directly too (when
             # autograd allows: torch has an Autograd kernel, or no output is a float).
-            host = next((h for p in pieces[name] if (h := resolve(p)) is not None), None)
+            host = next((h for p in pieces[name] if (h := _host_of(ops, p)) is not None), None)
             if host and ("Autograd" in keys or not traced["float_out"].get(name, True)):
                 e["direct"] = True
     return ops

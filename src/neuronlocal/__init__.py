@@ -32,7 +32,7 @@ _logs.configure(_state.config.log_level)  # TORCH_NEURONX_LOG_LEVEL
 
 torch.utils.rename_privateuse1_backend("neuron")
 
-from neuronlocal import _C  # noqa: E402  (needs the rename above)
+import neuronlocal._C as _C  # noqa: E402  (needs the rename above)
 
 _C._init(profile.device_count, [profile.hbm_per_core] * profile.device_count, profile.describe())
 if config_error is not None:

@@ -75,7 +75,8 @@ def run(steps: int = 3, seed: int = 0) -> DemoResult:
         logits_n, loss_n = _step(dev, ids.to("neuron"))
     t2 = time.perf_counter()
     grad_diff = max((a.grad - b.grad.cpu()).abs().max().item()
-                    for a, b in zip(cpu.parameters(), dev.parameters(), strict=True))
+                    for a, b in zip(cpu.parameters(), dev.parameters(), strict=True)
+                    if a.grad is not None and b.grad is not None)
     return DemoResult(loss_c.item(), loss_n.item(), (logits_c - logits_n.cpu()).abs().max().item(),
                       grad_diff, (t1 - t0) / steps * 1e3, (t2 - t1) / steps * 1e3,
                       neuron.max_memory_allocated())

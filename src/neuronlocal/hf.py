@@ -40,7 +40,7 @@ def _neuron_is_the_accelerator() -> bool:
     return bool(neuron.is_available()) and not torch.cuda.is_available()
 
 
-def _patch_accelerate_modeling(mod: ModuleType) -> None:
+def _patch_accelerate_modeling(mod: Any) -> None:
     """accelerate 1.15 get_max_memory: add neuron cores (upstream lists every device but neuron)."""
     original: Callable[..., dict[int | str, int]] = mod.get_max_memory
     if getattr(original, "_neuronlocal", False):

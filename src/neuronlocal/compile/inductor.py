@@ -126,7 +126,7 @@ def stock_compile_fx() -> Callable[..., Any]:
     return _STOCK["compile_fx"]
 
 
-def _route_compile_fx(mod: ModuleType) -> None:
+def _route_compile_fx(mod: Any) -> None:
     stock = _STOCK.setdefault("compile_fx", mod.compile_fx)
 
     @functools.wraps(stock)

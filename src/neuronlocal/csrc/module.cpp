@@ -61,7 +61,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cpu_alias", &neuron::cpu_alias, "zero-copy CPU view of a neuron tensor's bytes");
   m.def("_set_policy", &neuron::set_policy);
   m.def("_set_op_placement", &neuron::set_op_placement);
+  m.def("_set_op_classes", &neuron::set_op_classes);
   m.def("_register_direct", &neuron::register_direct);
+  m.def("_register_unsupported", &neuron::register_unsupported);
   m.def("_executed_ops", &neuron::executed_ops);
   m.def("_fallback_ops", &neuron::fallback_ops);
   m.def("_fallback_bytes", &neuron::fallback_bytes);

@@ -3,15 +3,17 @@
 // Python owns policy (config, hardware profiles, op placement, torch.neuron); C++ applies
 // it, and does what the Python backend API cannot express or cannot do fast enough
 // (docs/architecture.md). One concern per file:
-//   module.cpp   the Python bindings (neuronlocal._C)
-//   guard.cpp    device guard (current device, device count, streams, events) and hooks
-//   memory.cpp   allocator over host memory with per-core HBM accounting and OOM
-//   dispatch.cpp the boxed CPU fallback on zero-copy aliases, and the few explicit kernels
-//   foreach.cpp  runs of elementwise foreach ops (optimizer steps), fused per tensor
-//   autocast.cpp autocast for the AutocastPrivateUse1 key, with CUDA's op lists
-//   bridge.cpp   CPU aliases in and neuron tensors out for compiled graphs
-//   c10d.cpp     the `neuron` process-group backend, on gloo over CPU aliases
-//   exit.cpp     at exit, lets each core's autograd thread finish before finalization
+//   module.cpp       the Python bindings (neuronlocal._C)
+//   guard.cpp        device guard (current device, device count, streams, events) and hooks
+//   memory.cpp       allocator over host memory with per-core HBM accounting and OOM
+//   fallback.cpp     the boxed CPU fallback on zero-copy aliases, op tracking, 64-bit rule
+//   kernels.cpp      the few ATen kernels neuron implements itself (allocation, copies, ...)
+//   registration.cpp every registration with the dispatcher, in one place
+//   foreach.cpp      runs of elementwise foreach ops (optimizer steps), fused per tensor
+//   autocast.cpp     autocast for the AutocastPrivateUse1 key, with CUDA's op lists
+//   bridge.cpp       CPU aliases in and neuron tensors out for compiled graphs
+//   c10d.cpp         the `neuron` process-group backend, on gloo over CPU aliases
+//   exit.cpp         at exit, lets each core's autograd thread finish before finalization
 #pragma once
 
 #include <ATen/ATen.h>
@@ -66,7 +68,7 @@ c10::DeviceIndex set_host_core(c10::DeviceIndex index);
 std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index);
 void set_timeline(bool on);
 
-// ---- dispatch.cpp ----------------------------------------------------------
+// ---- fallback.cpp ----------------------------------------------------------
 // A CPU tensor over the bytes of a neuron tensor (no copy, keeps them alive). Runs queued
 // foreach ops first (see settle()): use it for every read of neuron bytes outside dispatch.
 at::Tensor cpu_alias(const at::Tensor& t);
@@ -74,18 +76,69 @@ at::Tensor cpu_alias(const at::Tensor& t);
 c10::StorageImpl* alias_source(const c10::Storage& cpu);
 // The same alias without settling: for the dispatch path, which settles once per op.
 at::Tensor alias_of(const at::Tensor& t);
-void register_kernels();
+// A neuron tensor over `st` with the sizes, strides and offset of `like`.
+at::Tensor make_neuron(c10::Storage st, const at::Tensor& like);
+// The boxed fallback every op without its own kernel runs (see fallback.cpp).
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Boxed kernels that raise the clear error for sparse and quantized neuron tensors.
+void unsupported_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+[[noreturn]] void unsupported(const std::string& op, const std::string& kind);
+std::string layout_kind(c10::Layout layout);
+// Policy and op data from Python (neuronlocal/eager/ops.py); each may change at run time.
 void set_policy(bool downcast_64bit, bool strict);
 void set_op_placement(const std::map<std::string, std::pair<int, std::string>>& ops,
                       int other_namespaces);
+// Op names (without overload) that keep 64 bits (data movement), integer reductions
+// computed in 32 bits, and ops that accept CPU index tensors.
+void set_op_classes(const std::vector<std::string>& exact,
+                    const std::vector<std::string>& int_reductions,
+                    const std::vector<std::string>& cpu_index);
 std::map<std::string, int64_t> executed_ops();
 std::map<std::string, int64_t> fallback_ops();
 std::map<std::string, std::pair<int64_t, int64_t>> fallback_bytes();  // to, from the host
 std::map<std::string, int64_t> downcast_ops();
 void clear_op_tracking();
+
+// ---- kernels.cpp -----------------------------------------------------------
+namespace kernels {
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin, std::optional<at::MemoryFormat> mf);
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool> pin);
+at::Tensor& set_empty(at::Tensor& self);
+const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
+                         std::optional<at::MemoryFormat> mf);
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
+                                                  std::optional<bool> train);
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                    c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                    bool transposed, c10::IntArrayRef output_padding,
+                                    int64_t groups);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+    c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask);
+void record_stream(at::Tensor& self, c10::Stream s);
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from);
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa);
+}  // namespace kernels
+
+// ---- registration.cpp ------------------------------------------------------
+void register_kernels();
 // Registers the boxed fallback directly for ops whose PrivateUse1 entry would otherwise
-// decompose into empty + out= (structured kernels), so they cost one dispatch, not two.
+// decompose (structured kernels, some composites), so they cost one dispatch and compute
+// what CPU computes.
 void register_direct(const std::vector<std::string>& names);
+// Composite constructors of sparse tensors: stopped at their names with the clear error.
+void register_unsupported(const std::vector<std::string>& names);
 
 // ---- foreach.cpp -----------------------------------------------------------
 enum class ForeachKind { None, InPlace, OutOfPlace };

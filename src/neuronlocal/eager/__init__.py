@@ -1,4 +1,4 @@
-"""Eager mode: policy for the C++ CPU-alias dispatch (see csrc/dispatch.cpp)."""
+"""Eager mode: policy and op data for the C++ CPU-alias dispatch (csrc/fallback.cpp)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from neuronlocal.eager import ops, overrides, rnn_cells
 
 def register(cfg: Config) -> None:
     _C._set_policy(cfg.downcast_64bit, cfg.strict)
+    _C._set_op_classes(*ops.op_classes())
     _set_placement(cfg.placement)
     _C._register_direct(ops.structured_ops() + ops.direct_composites())
+    _C._register_unsupported(list(ops.SPARSE_CONSTRUCTORS))
     overrides.register()
     rnn_cells.register()
     _print_on_host()

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 PLACEMENTS = ("device", "composite", "host")
-# C++ decision flags (csrc/dispatch.cpp): runs on the host, no warning, no 64-bit downcast.
+# C++ decision flags (csrc/fallback.cpp): runs on the host, no warning, no 64-bit downcast.
 HOST, QUIET, KEEP_64BIT = 1, 2, 4
 # Ops outside the aten namespace that reach the boxed fallback have no neuron kernel (the
 # neuron kernels of neuronlocal's own and c10d ops are registered directly): host.
@@ -176,6 +176,49 @@ def _evidence(name: str, e: dict[str, Any]) -> str:
         if e.get("untraced"):
             text += " (pieces not traced: counted as device)"
     return text
+
+
+# Ops the 64-bit rule leaves alone: data movement, comparisons, selection, random fills and
+# sorts compute no arithmetic that 32 bits would change, so their 64-bit tensors stay 64-bit
+# (as TorchNeuron's lowering keeps them). Base names: every overload is meant.
+EXACT_OPS: tuple[str, ...] = (
+    "copy_", "_to_copy", "clone", "fill_", "zero_", "index", "index_select", "gather", "cat",
+    "stack", "index_put_", "_index_put_impl_", "masked_fill_", "masked_fill", "masked_select",
+    "masked_scatter_", "where", "flip", "roll", "repeat", "constant_pad_nd", "embedding",
+    "_local_scalar_dense", "nonzero", "slice_scatter", "select_scatter", "diagonal_scatter",
+    "as_strided_scatter", "tril", "triu", "equal", "unfold", "lift_fresh_copy", "scatter",
+    "scatter_", "set_", "resize_", "view_as_real", "view_as_complex", "_unsafe_view", "detach",
+    "alias", "narrow_copy", "index_fill_", "index_copy_", "fill_diagonal_", "random_",
+    "uniform_", "normal_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_",
+    "randperm", "arange", "linspace", "_efficientzerotensor", "isnan", "sign", "sort", "topk",
+    "argsort", "unique_consecutive", "_unique2", "bucketize", "searchsorted", "eq", "ne", "lt",
+    "le", "gt", "ge", "max", "min", "amax", "amin", "argmax", "argmin", "maximum", "minimum",
+    "abs", "neg", "clamp", "count_nonzero", "_pin_memory", "record_stream")
+# Integer reductions and products that are not tagged pointwise but whose int64 inputs
+# Trainium computes as int32 all the same.
+INT32_REDUCTIONS: tuple[str, ...] = (
+    "sum", "prod", "cumsum", "cumprod", "mean", "mm", "bmm", "matmul", "dot", "addmm", "_cumsum",
+    "_cumprod")
+# Compressed sparse constructors are composite: they build the tensor without reaching a
+# sparse kernel, so they are stopped at their own names with the clear error.
+SPARSE_CONSTRUCTORS: tuple[str, ...] = (
+    "_sparse_compressed_tensor_unsafe", "_sparse_csr_tensor_unsafe",
+    "_sparse_csc_tensor_unsafe", "_sparse_bsr_tensor_unsafe", "_sparse_bsc_tensor_unsafe",
+    "sparse_compressed_tensor.comp_plain_value", "sparse_compressed_tensor.comp_plain_value_size",
+    "sparse_csr_tensor.crow_col_value", "sparse_csr_tensor.crow_col_value_size",
+    "sparse_csc_tensor.ccol_row_value", "sparse_csc_tensor.ccol_row_value_size",
+    "sparse_bsr_tensor.crow_col_value", "sparse_bsr_tensor.crow_col_value_size",
+    "sparse_bsc_tensor.ccol_row_value", "sparse_bsc_tensor.ccol_row_value_size")
+
+
+def op_classes() -> tuple[list[str], list[str], list[str]]:
+    """For the C++ dispatch (qualified base names): ops that keep 64 bits, integer reductions
+    computed in 32 bits, and indexing ops that accept CPU index tensors, as CUDA's do."""
+    bases = {n.split(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+    cpu_index = sorted(b for b in bases
+                       if b.startswith("aten::index") or b == "aten::_index_put_impl_")
+    return ([f"aten::{n}" for n in EXACT_OPS], [f"aten::{n}" for n in INT32_REDUCTIONS],
+            cpu_index)
 
 
 # Composite (CompositeExplicitAutograd) kernels that reject tensors on devices they do not

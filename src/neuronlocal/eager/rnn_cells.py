@@ -12,18 +12,21 @@ accumulate); the workspace layout is private to the forward/backward pair.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 _lib: torch.library.Library | None = None
 Tensor = torch.Tensor
 
 
-def _wide(*ts: Tensor | None) -> list[Tensor | None]:
+def _wide(*ts: Tensor | None) -> list[Any]:
+    """16-bit tensors as float32; the rest (None included) as they are, in order."""
     return [t.float() if t is not None and t.dtype in (torch.bfloat16, torch.float16) else t
             for t in ts]
 
 
-def _narrow(dtype: torch.dtype, *ts: Tensor) -> tuple[Tensor, ...]:
+def _narrow(dtype: torch.dtype, *ts: Tensor) -> tuple[Any, ...]:
     return tuple(t.to(dtype) for t in ts)
 
 

@@ -8,7 +8,7 @@ the op TorchNeuron runs on the host (for a structured op like `aten::atan2`, its
 
 from __future__ import annotations
 
-from neuronlocal import _C
+import neuronlocal._C as _C
 
 
 def get_executed_ops() -> dict[str, int]:

@@ -128,10 +128,10 @@ def _group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int
             try:
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
-                return int(_resolve_process_group(val).size())
+                return int(_resolve_process_group(val).size())  # type: ignore[arg-type]
             except Exception:  # noqa: BLE001 - no process group: fall through
                 pass
-        if hasattr(val, "size") and not isinstance(val, torch.Tensor):
+        if val is not None and hasattr(val, "size") and not isinstance(val, torch.Tensor):
             try:
                 return int(val.size())
             except Exception:  # noqa: BLE001

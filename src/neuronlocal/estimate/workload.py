@@ -236,7 +236,8 @@ def _count_once(cfg: Any, arch: str, mode: str, batch: int, seq: int, ctx: int,
                 model(input_ids=step, **kw, use_cache=True,
                       cache_position=pos, logits_to_keep=1)
             kv = sum(t.numel() * t.element_size() for layer in cache.layers
-                     for t in (layer.keys, layer.values) if t is not None)
+                     for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                     if isinstance(t, torch.Tensor))
             return fwd.tally, bwd.tally, float(kv), params
         kwargs: dict[str, Any] = {}
         if mode == "prefill":

@@ -138,8 +138,9 @@ def kernelize(
     if mode is None:
         mode = k.Mode.TRAINING if model.training else k.Mode.INFERENCE
     k.kernelize(model, device=device, mode=mode, use_fallback=True)
-    if attention and hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(ATTENTION)
+    set_attention = getattr(model, "set_attn_implementation", None)
+    if attention and callable(set_attention):
+        set_attention(ATTENTION)
     return model
 
 

@@ -18,6 +18,8 @@ class RMSNorm(nn.Module):
 
     can_torch_compile = True
     has_backward = True
+    weight: torch.Tensor  # the attributes of the layer it replaces
+    variance_epsilon: float
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)

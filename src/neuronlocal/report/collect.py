@@ -215,6 +215,11 @@ def counters() -> dict[str, int]:
     return out
 
 
+def _estimate_snapshot() -> dict[str, Any]:
+    estimate = _active.estimate if _active is not None else None
+    return estimate.snapshot() if estimate is not None else {}
+
+
 def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report of this process so far, as plain data (one rank of a run)."""
     from neuronlocal.core import dynamo_metrics as compile_metrics
@@ -248,5 +253,5 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
         "memory": memory(),
         "collectives": core_counters.get_collectives(),
         "counters": counters(),
-        "estimate": _active.estimate.snapshot() if _active is not None else {},
+        "estimate": _estimate_snapshot(),
     }

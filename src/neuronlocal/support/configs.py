@@ -208,15 +208,15 @@ def pick_architecture(cfg: Any, raw_archs: list[str] | None, task: str
         if (isinstance(arch, str) and hasattr(transformers, arch)
                 and (arch in task_classes or arch.endswith(_ARCH_SUFFIXES[task]))):
             return arch, getattr(transformers, arch), "from config.json's 'architectures'"
-    arch = _class_for_type(cfg.model_type, task)
-    if arch is None:
+    found = _class_for_type(cfg.model_type, task)
+    if found is None:
         raise BadInput(f"model type {cfg.model_type!r} has no {auto} class in transformers "
                        f"{transformers.__version__}; try another --task.")
     named = [a for a in raw_archs or [] if isinstance(a, str)]
     how = (f"{auto}'s class for model type {cfg.model_type!r}"
            + (f" ('architectures' names {', '.join(named)}: not a {task} class of transformers)"
               if named else ""))
-    return arch, getattr(transformers, arch), how
+    return found, getattr(transformers, found), how
 
 
 def _remote_code(raw: dict[str, Any], where: str, model_dir: str | None, trust: bool,

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -242,7 +242,7 @@ def _shapes(config: Any, model_cls: Any, task: str, res: ModeResult) -> None:
     def on_neuron() -> list[torch.Tensor]:
         torch._dynamo.reset()  # a fresh frame: the first size compiles static, as in a new job
         before = _graphs()
-        compiled = torch.compile(dev, backend="neuron")
+        compiled = cast(torch.nn.Module, torch.compile(dev, backend="neuron"))
         try:
             return [t for b in batches for t in _fwd_bwd(compiled, _to(b, "neuron"))]
         finally:
@@ -327,7 +327,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
 
 def _generate(m: ModeResult, cpu: torch.nn.Module, dev: torch.nn.Module,
               inputs: dict[str, torch.Tensor], inputs_n: dict[str, torch.Tensor]) -> None:
-    def gen(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    def gen(model: Any, x: torch.Tensor) -> list[torch.Tensor]:
         with torch.no_grad():
             return [model.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False,
                                    cache_implementation="static")]

@@ -31,8 +31,8 @@ import contextlib
 import dataclasses
 import time
 import warnings
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypedDict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -280,7 +280,12 @@ def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
 # ---- comparing ---------------------------------------------------------------------------
 
 
-def _tol(dtype: torch.dtype, ref: torch.Tensor | None = None) -> dict[str, float]:
+class Tolerance(TypedDict):
+    atol: float
+    rtol: float
+
+
+def _tol(dtype: torch.dtype, ref: torch.Tensor | None = None) -> Tolerance:
     """Tolerances by dtype. For 16-bit floats atol scales with the largest magnitude of
     the reference: results that cancel (sums of many rounded terms) differ by a few ulps
     of the terms, not of the result."""
@@ -289,6 +294,11 @@ def _tol(dtype: torch.dtype, ref: torch.Tensor | None = None) -> dict[str, float
         big = ref.detach().abs().float().nan_to_num(0.0, 0.0, 0.0).max().item()
         atol *= max(1.0, big)
     return {"atol": atol, "rtol": rtol}
+
+
+def _prefixed(where: str) -> Callable[[str], str]:
+    """assert_close's message, prefixed with where the values came from."""
+    return lambda message: f"{where}: {message}"
 
 
 def on_neuron(obj: Any) -> bool:
@@ -319,7 +329,7 @@ def compare(actual: Any, expected: Any, what: str, values: bool = True,
                 continue
             ac = a.detach().to("cpu")
             torch.testing.assert_close(ac, e.detach(), equal_nan=True, check_stride=False,
-                                       msg=lambda m, w=where: f"{w}: {m}", **_tol(e.dtype, e))
+                                       msg=_prefixed(where), **_tol(e.dtype, e))
         elif isinstance(e, torch.device) or _is_cpu_device(e):
             continue  # a device argument: neuron's copy names neuron
         elif values and isinstance(e, float):

@@ -22,7 +22,7 @@ model. The rules, general first (a per-family rule only where no general rule ca
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from neuronlocal.support.tiny_families import FAMILY_RULES, HEAD_DIM_TARGET
 
@@ -198,8 +198,9 @@ def shrink_dict(d: dict[str, Any], config: Any | None, opts: Options = DEFAULT,
     _fix_token_ids(out, int(out.get("vocab_size") or opts.vocab))
     _shrink_stages(old, out)
     sel = _select_layers(old, out, config, opts)
-    if sel is not None and record is not None:
-        record.append((path, old[_depth_key(old)], sel))
+    depth = _depth_key(old)
+    if sel is not None and record is not None and depth is not None:
+        record.append((path, old[depth], sel))
     if "use_cache" in out:
         out["use_cache"] = True
     rule = FAMILY_RULES.get(str(out.get("model_type")))
@@ -235,7 +236,7 @@ def _follow_widths(old: dict[str, Any], new: dict[str, Any]) -> None:
                 n[key] = next(iter(widths[value]))
 
 
-def _int(v: Any) -> bool:
+def _int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

@@ -1,0 +1,192 @@
+// The few ATen kernels neuron implements itself rather than through the boxed fallback
+// (fallback.cpp): allocation, views and resizing on neuron storage, copies between devices,
+// dropout drawing from the core's generator, convolution through CPU's overrideable entry,
+// and the choice of SDPA kernel. registration.cpp registers them.
+#include "neuron.h"
+
+#include <ATen/native/Resize.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
+
+#include <unordered_map>
+
+namespace neuron {
+namespace kernels {
+namespace {
+
+struct IndexGuard {
+  c10::DeviceIndex old;
+  explicit IndexGuard(std::optional<c10::Device> d) : old(current_device()) {
+    if (d && d->has_index()) set_current_device(d->index());
+  }
+  ~IndexGuard() {  // never throws: restores only what the constructor changed
+    if (current_device() != old) set_current_device(old);
+  }
+};
+
+at::Tensor to_neuron_like(const at::Tensor& r, c10::DeviceIndex idx) {
+  if (!r.defined()) return r;
+  return make_neuron(adopt_storage(r.storage(), idx), r);
+}
+
+using SymbolValues = std::unordered_map<std::string, int64_t>;
+
+int64_t stand_in(const c10::SymInt& s, SymbolValues& symbols) {
+  if (auto v = s.maybe_as_int()) return *v;
+  auto key = s.toSymNodeImplUnowned()->str();
+  auto it = symbols.find(key);
+  if (it != symbols.end()) return it->second;
+  const int64_t v = 64 + 8 * static_cast<int64_t>(symbols.size());
+  symbols.emplace(std::move(key), v);
+  return v;
+}
+
+at::Tensor choice_stand_in(const at::Tensor& t, SymbolValues& symbols) {
+  std::vector<int64_t> sizes, strides;
+  for (const auto& s : t.sym_sizes()) sizes.push_back(stand_in(s, symbols));
+  for (const auto& s : t.sym_strides()) strides.push_back(stand_in(s, symbols));
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, c10::GetCPUAllocator(), false);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(empty), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  if (t.requires_grad()) out.requires_grad_(true);
+  return out;
+}
+
+}  // namespace
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> /*pin*/, std::optional<at::MemoryFormat> mf) {
+  if (layout && *layout != at::kStrided) unsupported("aten::empty", layout_kind(*layout));
+  if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty", "quantized");
+  settle();  // queued ops may hold the last reference to memory: free it before allocating
+  IndexGuard g(device);
+  return at::detail::empty_generic(size, allocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), mf);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool> /*pin*/) {
+  if (layout && *layout != at::kStrided) unsupported("aten::empty_strided", layout_kind(*layout));
+  if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty_strided", "quantized");
+  settle();
+  IndexGuard g(device);
+  return at::detail::empty_strided_generic(size, stride, allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  IndexGuard g(self.device());
+  c10::Storage st(c10::Storage::use_byte_size_t(), 0, allocator(), true);
+  return at::native::set_storage_cpu_(self, st, 0, {0}, {});
+}
+
+const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
+                         std::optional<at::MemoryFormat> mf) {
+  settle();
+  IndexGuard g(self.device());
+  return at::native::resize_(self, size, mf);
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  auto src = self.device().type() == kNeuron ? cpu_alias(self) : self;
+  auto out = dst.device().type() == kNeuron ? cpu_alias(dst) : dst;
+  out.copy_(src);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+// Mirrors ATen's CPU native_dropout, drawing the mask from the core's generator.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
+                                                  std::optional<bool> train) {
+  auto x = cpu_alias(input);
+  auto idx = input.device().index();
+  at::Tensor out, mask;
+  if (input.numel() == 0) {
+    out = x.clone();
+    mask = at::empty_like(x, x.options().dtype(at::kBool));
+  } else if (train.has_value() && !*train) {
+    out = x.clone();
+    mask = at::ones_like(x, x.options().dtype(at::kBool));
+  } else {
+    double p1m = 1. - p;
+    double scale = p1m == 0 ? 0. : 1. / p1m;
+    auto noise = at::empty_like(x, LEGACY_CONTIGUOUS_MEMORY_FORMAT);
+    noise.bernoulli_(p1m, default_generator(idx));
+    out = x.mul(noise).mul_(scale);
+    mask = noise.to(at::kBool);
+  }
+  auto o = make_neuron(adopt_storage(out.storage(), idx), out);
+  auto m = make_neuron(adopt_storage(mask.storage(), idx), mask);
+  return {o, m};
+}
+
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                    c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                    bool transposed, c10::IntArrayRef output_padding,
+                                    int64_t groups) {
+  std::optional<at::Tensor> b;
+  if (bias && bias->defined()) b = cpu_alias(*bias);
+  auto r = at::convolution(cpu_alias(input), cpu_alias(weight), b, stride, padding, dilation,
+                           transposed, output_padding, groups);
+  return to_neuron_like(r, input.device().index());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+    c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
+  int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
+  auto [gi, gw, gb] = at::convolution_backward(
+      cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
+      std::vector<int64_t>{channels}, stride, padding, dilation, transposed, output_padding,
+      groups, mask);
+  auto idx = input.device().index();
+  return {to_neuron_like(gi, idx), to_neuron_like(gw, idx), to_neuron_like(gb, idx)};
+}
+
+void record_stream(at::Tensor& /*self*/, c10::Stream /*s*/) {}
+
+// Lets `param.data = neuron_tensor` swap a CPU parameter in place, as for CUDA, so
+// Module.to("neuron") keeps Parameter identity and tied weights stay tied.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && (t.device().type() == kNeuron || t.device().is_cpu());
+  };
+  return dense(self) && dense(from);
+}
+
+// scaled_dot_product_attention asks a DispatchStub which fused kernel to use; without a
+// PrivateUse1 entry it takes the unfused math path, whose numerics differ from CPU's.
+// Neuron makes CPU's choice, so SDPA runs CPU's flash kernel, forward and backward,
+// through the fallback. The choice reads metadata only (dtype, sizes, strides,
+// requires_grad: fused kernels are not differentiable w.r.t. every input), so it is asked
+// on data-less CPU stand-ins. Under torch.compile the inputs are fake tensors whose sizes
+// can be symbolic (Dynamo's automatic dynamic shapes): a symbolic size becomes a stand-in
+// value, equal for equal expressions, without adding a guard, so the traced graph stays
+// symbolic and the backend still compiles one static graph per concrete shape.
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  // Below the Python modes (FakeTensorMode while tracing): the stand-ins are plain CPU.
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  SymbolValues symbols;
+  std::optional<at::Tensor> m;
+  if (mask && mask->defined()) m = choice_stand_in(*mask, symbols);
+  return at::_fused_sdp_choice(choice_stand_in(q, symbols), choice_stand_in(k, symbols),
+                               choice_stand_in(v, symbols), m, dropout_p, is_causal, scale,
+                               enable_gqa);
+}
+
+}  // namespace kernels
+}  // namespace neuron

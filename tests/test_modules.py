@@ -9,33 +9,19 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+import sweep_cases
 from neuronlocal.support import module_sweep as sweep
 
 
 def _params(names: tuple[str, ...] | None) -> list:
-    params = []
-    for info, dtype in sweep.cases(names):
-        marks = []
-        if info.name in sweep.KNOWN_FAILURES:
-            marks.append(pytest.mark.xfail(reason=sweep.KNOWN_FAILURES[info.name], strict=False))
-        params.append(pytest.param(info, dtype, id=f"{info.name}-{dtype}", marks=marks))
-    return params
+    return sweep_cases.params(sweep.cases(names), lambda info: info.name, sweep.KNOWN_FAILURES)
 
 
 def _check(info, dtype: str, max_inputs: int | None) -> None:
-    r = sweep.run_case(info, dtype, max_inputs)
-    if r.status == "skip":
-        pytest.skip(r.detail)
-    if r.status == "cpu-fail":
-        pytest.skip(f"fails on CPU too: {r.detail}")
-    if r.status == "fail":
-        pytest.fail(f"{r.id}: neuron-only failure: {r.detail}", pytrace=False)
-    assert r.samples > 0
+    sweep_cases.verdict(sweep.run_case(info, dtype, max_inputs))
 
 
 @pytest.mark.parametrize(("info", "dtype"), _params(sweep.CI_MODULES))
@@ -45,9 +31,7 @@ def test_module_ci(info, dtype):
 
 @pytest.fixture
 def _full_sweep_selected(request):
-    markexpr = request.config.getoption("markexpr", "") or ""
-    if "slow" not in markexpr and os.environ.get("NEURONLOCAL_OPINFO_FULL") != "1":
-        pytest.skip("full ModuleInfo sweep: select it with -m slow or NEURONLOCAL_OPINFO_FULL=1")
+    sweep_cases.require_full_sweep(request, "ModuleInfo")
 
 
 @pytest.mark.slow

@@ -11,35 +11,20 @@ checks the default policy separately.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import neuronlocal
+import sweep_cases
 from neuronlocal.support import opinfo_sweep as sweep
 
 
 def _params(names: tuple[str, ...] | None) -> list:
-    params = []
-    for op, dtype in sweep.cases(names):
-        name = sweep.op_name(op)
-        marks = []
-        if name in sweep.KNOWN_FAILURES:
-            marks.append(pytest.mark.xfail(reason=sweep.KNOWN_FAILURES[name], strict=False))
-        params.append(pytest.param(op, dtype, id=f"{name}-{dtype}", marks=marks))
-    return params
+    return sweep_cases.params(sweep.cases(names), sweep.op_name, sweep.KNOWN_FAILURES)
 
 
 def _check(op, dtype: str, max_samples: int | None) -> None:
-    r = sweep.run_case(op, dtype, max_samples)
-    if r.status == "skip":
-        pytest.skip(r.detail)
-    if r.status == "cpu-fail":
-        pytest.skip(f"fails on CPU too: {r.detail}")
-    if r.status == "fail":
-        pytest.fail(f"{r.id}: neuron-only failure: {r.detail}", pytrace=False)
-    assert r.samples > 0
+    sweep_cases.verdict(sweep.run_case(op, dtype, max_samples))
 
 
 @pytest.mark.parametrize(("op", "dtype"), _params(sweep.CI_OPS))
@@ -49,9 +34,7 @@ def test_opinfo_ci(op, dtype):
 
 @pytest.fixture
 def _full_sweep_selected(request):
-    markexpr = request.config.getoption("markexpr", "") or ""
-    if "slow" not in markexpr and os.environ.get("NEURONLOCAL_OPINFO_FULL") != "1":
-        pytest.skip("full OpInfo sweep: select it with -m slow or NEURONLOCAL_OPINFO_FULL=1")
+    sweep_cases.require_full_sweep(request, "OpInfo")
 
 
 @pytest.mark.slow

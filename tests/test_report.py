@@ -261,9 +261,12 @@ for _ in range(1200):  # short sleeps: the kernel may deliver SIGINT to any thre
     time.sleep(0.1)    # runs the handler only when the main thread wakes
 """)
     out = tmp_path / "report"
+    # As from an interactive shell: SIGINT handled, even when this suite runs as a background
+    # job (which inherits SIGINT ignored, and so would `neuronlocal run` and the script).
     proc = subprocess.Popen([sys.executable, "-m", "neuronlocal", "run", "--report", str(out),
                              str(path)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path, start_new_session=True)
+                            text=True, cwd=tmp_path, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not ready.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -274,6 +277,33 @@ for _ in range(1200):  # short sleeps: the kernel may deliver SIGINT to any thre
     r = _report(out)
     assert r["run"]["ended_by"] == "KeyboardInterrupt"
     assert any(k.startswith("aten::mul") for k in r["eager_ops"])
+
+
+def test_an_ignored_sigint_stays_ignored(tmp_path):
+    """Started with SIGINT ignored (a background job of a script), `neuronlocal run` behaves
+    as plain python would: a SIGINT changes nothing and the script ends normally."""
+    import signal
+    import time
+
+    ready = tmp_path / "ready"
+    path = script(tmp_path, "wait.py", NEURON_WORK + f"""\
+import pathlib, time
+pathlib.Path({str(ready)!r}).write_text("1")
+time.sleep(3)
+""")
+    out = tmp_path / "report"
+    proc = subprocess.Popen([sys.executable, "-m", "neuronlocal", "run", "--report", str(out),
+                             str(path)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.time() + 120
+    while not ready.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "timeout"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert _report(out)["run"]["error"] is None
 
 
 def test_sys_exit_with_message_prints_it_and_exits_1(tmp_path):

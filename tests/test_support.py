@@ -352,6 +352,25 @@ def test_worker_timeout_and_memory_bound_are_rows():
     assert row["status"] == "skipped" and "peak" in row["error"] and row["peak_rss"] > 0
 
 
+def test_a_timed_out_row_keeps_the_modes_it_finished(tmp_path):
+    """check_model reports after each mode; a row cut short by its timeout keeps those modes
+    and names the one still running, so a slow architecture still gets part of an answer."""
+    seen: list[list[str]] = []
+    rep = models.check_model("llama", "LlamaForCausalLM", modes=("eager", "train"),
+                             progress=lambda r: seen.append(list(r.modes)))
+    assert seen == [["eager"], ["eager", "train"]] and rep.status == "pass"
+    result = tmp_path / "row.json"
+    partial = {**rep.as_dict(), "modes": {"eager": rep.as_dict()["modes"]["eager"]}}
+    (tmp_path / "row.json.partial").write_text(json.dumps(partial))
+    base = {"model_type": "llama", "architecture": "LlamaForCausalLM", "modes": {}}
+    row = matrix._timed_out(base, "causal-lm", result, 600, 601.0, 1)
+    assert row["status"] == "timeout" and list(row["modes"]) == ["eager"]
+    assert row["error"] == ("no result within 600s: mode compile still running "
+                            "(finished: eager pass)")
+    row = matrix._timed_out(base, "causal-lm", tmp_path / "none.json", 600, 601.0, 1)
+    assert row["modes"] == {} and row["error"] == "no result within 600s: mode eager still running"
+
+
 @pytest.mark.slow
 def test_ci_subset(tmp_path):
     data = matrix.run_matrix("causal-lm", tmp_path, jobs=2, only=matrix.CI_SUBSET)

@@ -103,7 +103,10 @@ def _forwarding(proc: subprocess.Popen[bytes]) -> dict[int, Any]:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    return {s: signal.signal(s, forward) for s in _FORWARDED}
+    # A signal this process ignores (a background job of a non-interactive shell ignores
+    # SIGINT) stays ignored, as it is in the child, which inherited the same disposition.
+    return {s: signal.signal(s, forward) for s in _FORWARDED
+            if signal.getsignal(s) is not signal.SIG_IGN}
 
 
 def _signal_name(signum: int) -> str:

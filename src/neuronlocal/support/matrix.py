@@ -127,6 +127,28 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])[-400:]
 
 
+def _timed_out(base: dict[str, Any], task: str, result: Path, timeout: float, elapsed: float,
+               peak: int) -> dict[str, Any]:
+    """A timeout row, with the modes that finished before it (from the worker's partial
+    row) and the mode that was still running."""
+    from neuronlocal.support.models import TASK_MODES
+
+    row = {**base, "status": "timeout", "seconds": elapsed, "peak_rss": peak}
+    partial = result.with_name(result.name + ".partial")
+    try:
+        row["modes"] = json.loads(partial.read_text())["modes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    running = next((m for m in TASK_MODES[task] if m not in row["modes"]), None)
+    done = ", ".join(f"{m} " + ("pass" if r.get("neuron_ok") else "neuron-fail"
+                                if r.get("cpu_ok") else "cpu-fail")
+                     for m, r in row["modes"].items())
+    row["error"] = (f"no result within {timeout:.0f}s"
+                    + (f": mode {running} still running" if running else "")
+                    + (f" (finished: {done})" if done else ""))
+    return row
+
+
 def run_one(model_type: str, arch: str, task: str, timeout: float,
             max_memory: float = 6 * GiB) -> dict[str, Any]:
     """One row in a forked worker; a timeout, memory kill or crash becomes a row."""
@@ -156,8 +178,7 @@ def run_one(model_type: str, arch: str, task: str, timeout: float,
             if elapsed > timeout:
                 proc.kill()
                 proc.join()
-                return {**base, "status": "timeout", "seconds": elapsed, "peak_rss": peak,
-                        "error": f"no result within {timeout:.0f}s"}
+                return _timed_out(base, task, result, timeout, elapsed, peak)
         if proc.exitcode != 0 or not result.exists():
             return {**base, "status": "crash", "seconds": time.perf_counter() - start,
                     "peak_rss": peak,

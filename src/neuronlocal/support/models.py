@@ -251,38 +251,46 @@ def _shapes(config: Any, model_cls: Any, task: str, res: ModeResult) -> None:
     _run_mode(res, on_cpu, on_neuron, 2e-3)
 
 
+def _compile(m: ModeResult, cpu: torch.nn.Module, dev: torch.nn.Module,
+             inputs: dict[str, torch.Tensor], inputs_n: dict[str, torch.Tensor]) -> None:
+    before = _graphs()
+    with torch.no_grad():
+        _run_mode(m, lambda: [_logits(cpu(**inputs))],
+                  lambda: [_logits(torch.compile(dev, backend="neuron")(**inputs_n))], 2e-3)
+    m.graphs = _graphs() - before
+
+
 def _run_modes(rep: ModelReport, modes: tuple[str, ...], built: tuple[Any, Any, str],
-               cpu_side: tuple[Any, dict[str, Any]], neuron_side: tuple[Any, dict[str, Any]]
-               ) -> None:
-    """Each selected mode on CPU and neuron, into rep.modes (train last: it changes weights)."""
+               cpu_side: tuple[Any, dict[str, Any]], neuron_side: tuple[Any, dict[str, Any]],
+               progress: Callable[[ModelReport], None] | None = None) -> None:
+    """Each selected mode on CPU and neuron, into rep.modes, in MODES order (train last: it
+    changes the weights); `progress(rep)` after each, so a row cut short keeps its modes."""
     config, model_cls, task = built
     cpu, inputs = cpu_side
     dev, inputs_n = neuron_side
-    if "eager" in modes:
-        rep.modes["eager"] = m = ModeResult()
-        _run_mode(m, lambda: _fwd_bwd(cpu, inputs), lambda: _fwd_bwd(dev, inputs_n), 2e-3)
-    if "compile" in modes:
-        rep.modes["compile"] = m = ModeResult()
-        before = _graphs()
-        with torch.no_grad():
-            _run_mode(m, lambda: [_logits(cpu(**inputs))],
-                      lambda: [_logits(torch.compile(dev, backend="neuron")(**inputs_n))], 2e-3)
-        m.graphs = _graphs() - before
-    if "generate" in modes:
-        rep.modes["generate"] = m = ModeResult()
-        _generate(m, cpu, dev, inputs, inputs_n)
-    if "shapes" in modes:
-        rep.modes["shapes"] = m = ModeResult()
-        _shapes(config, model_cls, task, m)
-    if "train" in modes:  # last: it changes the parameters
-        rep.modes["train"] = m = ModeResult()
-        _run_mode(m, lambda: _train_step(cpu, inputs), lambda: _train_step(dev, inputs_n), 2e-3)
+    runners: dict[str, Callable[[ModeResult], None]] = {
+        "eager": lambda m: _run_mode(m, lambda: _fwd_bwd(cpu, inputs),
+                                     lambda: _fwd_bwd(dev, inputs_n), 2e-3),
+        "compile": lambda m: _compile(m, cpu, dev, inputs, inputs_n),
+        "generate": lambda m: _generate(m, cpu, dev, inputs, inputs_n),
+        "shapes": lambda m: _shapes(config, model_cls, task, m),
+        "train": lambda m: _run_mode(m, lambda: _train_step(cpu, inputs),
+                                     lambda: _train_step(dev, inputs_n), 2e-3),
+    }
+    for mode in MODES:
+        if mode in modes:
+            rep.modes[mode] = m = ModeResult()
+            runners[mode](m)
+            if progress is not None:
+                progress(rep)
 
 
 def check_model(model_type: str, architecture: str, config: Any | None = None,
                 modes: tuple[str, ...] = MODES, seq: int = 12, task: str = "causal-lm",
-                model_cls: Any | None = None) -> ModelReport:
-    """Runs one architecture on CPU and neuron in every mode; see the module docstring."""
+                model_cls: Any | None = None,
+                progress: Callable[[ModelReport], None] | None = None) -> ModelReport:
+    """Runs one architecture on CPU and neuron in every mode; see the module docstring.
+    `progress(report)` is called after each mode (the matrix keeps what a slow row did)."""
     import transformers
     from transformers import CONFIG_MAPPING
 
@@ -314,7 +322,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     metrics.reset_dynamo_metrics()
     tracking.clear_op_tracking()
     neuron.reset_peak_memory_stats()
-    _run_modes(rep, modes, (config, model_cls, task), (cpu, inputs), (dev, inputs_n))
+    _run_modes(rep, modes, (config, model_cls, task), (cpu, inputs), (dev, inputs_n), progress)
     rep.seconds = time.perf_counter() - start
     rep.compiles = _graphs()  # hits compile on Trainium too
     rep.peak_hbm = neuron.max_memory_allocated()

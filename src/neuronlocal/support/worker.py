@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +33,29 @@ def _quiet() -> None:
     torch._inductor.config.compile_threads = 1
 
 
-def row(model_type: str, arch: str, task: str) -> dict[str, Any]:
+def row(model_type: str, arch: str, task: str,
+        progress: Callable[[models.ModelReport], None] | None = None) -> dict[str, Any]:
     _quiet()
-    rep = models.check_model(model_type, arch, modes=models.TASK_MODES[task], task=task)
+    rep = models.check_model(model_type, arch, modes=models.TASK_MODES[task], task=task,
+                             progress=progress)
     return rep.as_dict()
 
 
+def _write(path: str, data: dict[str, Any]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    tmp.replace(path)
+
+
 def run_to_file(model_type: str, arch: str, task: str, result: str, log: str) -> None:
-    """Forkserver entry: output goes to `log`, the row (JSON) to `result`, atomically."""
+    """Forkserver entry: output goes to `log`, the row (JSON) to `result`, atomically; after
+    each mode the row so far goes to `result.partial`, which a timed-out row keeps."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    data = row(model_type, arch, task)
-    tmp = Path(result + ".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    tmp.replace(result)
+    data = row(model_type, arch, task,
+               progress=lambda rep: _write(result + ".partial", rep.as_dict()))
+    _write(result, data)
     sys.stdout.flush()
 
 

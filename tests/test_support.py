@@ -347,6 +347,10 @@ def test_readme_states_the_committed_json_numbers():
 def test_worker_timeout_and_memory_bound_are_rows():
     row = matrix.run_one("llama", "LlamaForCausalLM", "causal-lm", timeout=0.5)
     assert row["status"] == "timeout"
+    # The row's environment (optimisation level, fallback policy) is set in the row's own
+    # process, never in the caller's.
+    assert "NEURON_CC_FLAGS" not in os.environ
+    assert "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION" not in os.environ
     row = matrix.run_one("llama", "LlamaForCausalLM", "causal-lm", timeout=300,
                          max_memory=64 * 2**20)
     assert row["status"] == "skipped" and "peak" in row["error"] and row["peak_rss"] > 0

@@ -160,6 +160,12 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
         return fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
 
     fakes = [fake(x) for x in examples]
+    # Placeholders that carry a fake value (graphs AOTAutograd made) describe CPU inputs now:
+    # Inductor reads them as the inputs when it builds one C++ file per graph (-O1).
+    placeholders = [n for n in cpu_gm.graph.nodes if n.op == "placeholder"]
+    for node, x in zip(placeholders, fakes, strict=False):
+        if isinstance(node.meta.get("val"), torch.Tensor) and isinstance(x, torch.Tensor):
+            node.meta["val"] = x
     # The backward compiles with the forward, under the graph's lock, so a concurrent
     # process finds a complete cache entry and never compiles the same backward again.
     with tracing(TracingContext(fake_mode)), \

@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import json
 import multiprocessing
-import os
 import shutil
 import tempfile
 import threading
@@ -40,12 +39,17 @@ FIRST = CI_SUBSET + ("t5", "bart", "mbart", "marian", "pegasus", "bert", "robert
 NOT_RUN = "not-run"
 GiB = 2**30
 _POLL = 0.25
-_WORKER_ENV = {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "PYTHONWARNINGS": "ignore",
-               "TRANSFORMERS_VERBOSITY": "error"}
 # Rows compile at optimisation level 1 (unless NEURON_CC_FLAGS says otherwise): what a row
 # tests is whether each graph compiles and matches CPU, not how fast its kernels run, and
 # compiling is most of a row's time.
 MATRIX_CC_FLAGS = "-O1"
+
+
+def worker_env() -> dict[str, str]:
+    """The environment a row runs with, set in the row's own process (never in the caller's):
+    a graph that fails to compile is a failure, and the matrix's optimisation level."""
+    return {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1",
+            "NEURON_CC_FLAGS": env_str("NEURON_CC_FLAGS") or MATRIX_CC_FLAGS}
 _ctx_lock = threading.Lock()
 _ctx: Any = None
 
@@ -98,9 +102,6 @@ def _context() -> Any:
     global _ctx
     with _ctx_lock:
         if _ctx is None:
-            os.environ.update(_WORKER_ENV)  # inherited by the forkserver when it starts
-            if not env_str("NEURON_CC_FLAGS"):
-                os.environ["NEURON_CC_FLAGS"] = MATRIX_CC_FLAGS
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["neuronlocal.support.worker"])
             _ctx = ctx
@@ -158,7 +159,8 @@ def run_one(model_type: str, arch: str, task: str, timeout: float,
     tmp = Path(tempfile.mkdtemp(prefix="neuronlocal-support-"))
     result, log = tmp / "row.json", tmp / "log.txt"
     proc = _context().Process(target=worker.run_to_file,
-                              args=(model_type, arch, task, str(result), str(log)))
+                              args=(model_type, arch, task, str(result), str(log),
+                                    worker_env()))
     start = time.perf_counter()
     peak = 0
     try:
@@ -262,7 +264,7 @@ def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
     todo = sorted((a for a in archs if rows[a[0]].get("status") not in DONE),
                   key=lambda a: (FIRST.index(a[0]) if a[0] in FIRST else len(FIRST), a[0]))
     run = {"jobs": jobs, "timeout": timeout, "max_memory_gib": max_memory / GiB,
-           "compiler_flags": env_str("NEURON_CC_FLAGS") or MATRIX_CC_FLAGS,
+           "compiler_flags": worker_env()["NEURON_CC_FLAGS"],
            "rows_run": len(todo), "wall_seconds": 0.0}
     start = time.perf_counter()
     lock = threading.Lock()

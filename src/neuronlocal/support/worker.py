@@ -47,9 +47,12 @@ def _write(path: str, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def run_to_file(model_type: str, arch: str, task: str, result: str, log: str) -> None:
-    """Forkserver entry: output goes to `log`, the row (JSON) to `result`, atomically; after
-    each mode the row so far goes to `result.partial`, which a timed-out row keeps."""
+def run_to_file(model_type: str, arch: str, task: str, result: str, log: str,
+                env: dict[str, str] | None = None) -> None:
+    """Forkserver entry: `env` set for this row, output to `log`, the row (JSON) to `result`,
+    atomically; after each mode the row so far goes to `result.partial`, which a timed-out
+    row keeps."""
+    os.environ.update(env or {})
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -248,32 +249,41 @@ def test_keyboard_interrupt_exits_130_with_report(tmp_path):
     assert r["run"]["exit_code"] == 130 and r["run"]["ended_by"] == "KeyboardInterrupt"
 
 
-def test_sigint_to_run_is_forwarded_and_exits_130(tmp_path):
-    """SIGINT sent to `neuronlocal run` (not from a terminal) reaches the script."""
+def _sigint_once_ready(tmp_path: Path, wait: str, disposition: Any) -> tuple[int, str, Path]:
+    """Runs a script under `neuronlocal run` started with SIGINT set to `disposition`, sends
+    SIGINT to `run` once the script is running, and returns (exit status, stderr, report
+    folder). `wait` is the script's code after it says it is ready."""
     import signal
     import time
 
     ready = tmp_path / "ready"
-    path = script(tmp_path, "wait.py", NEURON_WORK + f"""\
-import pathlib, time
-pathlib.Path({str(ready)!r}).write_text("1")
-for _ in range(1200):  # short sleeps: the kernel may deliver SIGINT to any thread, and Python
-    time.sleep(0.1)    # runs the handler only when the main thread wakes
-""")
+    path = script(tmp_path, "wait.py", NEURON_WORK + "import pathlib, time\n"
+                  f"pathlib.Path({str(ready)!r}).write_text('1')\n" + wait)
     out = tmp_path / "report"
-    # As from an interactive shell: SIGINT handled, even when this suite runs as a background
-    # job (which inherits SIGINT ignored, and so would `neuronlocal run` and the script).
     proc = subprocess.Popen([sys.executable, "-m", "neuronlocal", "run", "--report", str(out),
                              str(path)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=tmp_path, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))
     deadline = time.time() + 120
     while not ready.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "timeout"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
+    return proc.returncode, err, out
+
+
+def test_sigint_to_run_is_forwarded_and_exits_130(tmp_path):
+    """SIGINT sent to `neuronlocal run` (not from a terminal) reaches the script. Started as
+    from an interactive shell (SIGINT handled), even when this suite runs as a background
+    job, which inherits SIGINT ignored."""
+    import signal
+
+    # Short sleeps: the kernel may deliver SIGINT to any thread, and Python runs the handler
+    # only when the main thread wakes.
+    code, err, out = _sigint_once_ready(
+        tmp_path, "for _ in range(1200):\n    time.sleep(0.1)\n", signal.SIG_DFL)
+    assert code == 130, err[-2000:]
     r = _report(out)
     assert r["run"]["ended_by"] == "KeyboardInterrupt"
     assert any(k.startswith("aten::mul") for k in r["eager_ops"])
@@ -283,26 +293,9 @@ def test_an_ignored_sigint_stays_ignored(tmp_path):
     """Started with SIGINT ignored (a background job of a script), `neuronlocal run` behaves
     as plain python would: a SIGINT changes nothing and the script ends normally."""
     import signal
-    import time
 
-    ready = tmp_path / "ready"
-    path = script(tmp_path, "wait.py", NEURON_WORK + f"""\
-import pathlib, time
-pathlib.Path({str(ready)!r}).write_text("1")
-time.sleep(3)
-""")
-    out = tmp_path / "report"
-    proc = subprocess.Popen([sys.executable, "-m", "neuronlocal", "run", "--report", str(out),
-                             str(path)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    deadline = time.time() + 120
-    while not ready.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "timeout"
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    code, err, out = _sigint_once_ready(tmp_path, "time.sleep(3)\n", signal.SIG_IGN)
+    assert code == 0, err[-2000:]
     assert _report(out)["run"]["error"] is None
 
 

@@ -404,3 +404,15 @@ def test_memory_fit_counts_cores_and_hbm_of_the_lnc(monkeypatch, lnc, infer, tra
     monkeypatch.setattr(state, "config", dataclasses.replace(state.config, lnc=lnc))
     fit = memory_fit(20 * 2**30, _Weights)
     assert (fit.infer_tp, fit.train_tp) == (infer, train)
+
+
+def test_a_row_forked_from_the_warmed_forkserver_runs_every_mode():
+    """Rows fork from a forkserver that warmed Inductor (support/preload.py). Anything there
+    that started autograd's threads would make every backward in the rows fail on CPU as
+    well, which the verdict does not hold against neuron: every mode must really run."""
+    row = matrix.run_one("llama", "LlamaForCausalLM", "causal-lm", timeout=300)
+    assert row["status"] == "pass", row.get("error")
+    assert list(row["modes"]) == list(models.TASK_MODES["causal-lm"])
+    for mode, m in row["modes"].items():
+        assert m["cpu_ok"] and m["neuron_ok"], (mode, m["error"])
+    assert row["modes"]["shapes"]["graphs"] == len(models.SHAPE_LENGTHS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import multiprocessing
+import os
 import shutil
 import tempfile
 import threading
@@ -98,12 +99,12 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 def _context() -> Any:
-    """One forkserver per run, with the worker's imports done once."""
+    """One forkserver per run, with the worker's imports done and Inductor warmed once."""
     global _ctx
     with _ctx_lock:
         if _ctx is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["neuronlocal.support.worker"])
+            ctx.set_forkserver_preload(["neuronlocal.support.preload"])
             _ctx = ctx
         return _ctx
 
@@ -151,8 +152,9 @@ def _timed_out(base: dict[str, Any], task: str, result: Path, timeout: float, el
 
 
 def run_one(model_type: str, arch: str, task: str, timeout: float,
-            max_memory: float = 6 * GiB) -> dict[str, Any]:
-    """One row in a forked worker; a timeout, memory kill or crash becomes a row."""
+            max_memory: float = 6 * GiB, threads: int = 1) -> dict[str, Any]:
+    """One row in a forked worker with `threads` intra-op threads; a timeout, memory kill or
+    crash becomes a row."""
     from neuronlocal.support import worker
 
     base = {"model_type": model_type, "architecture": arch, "modes": {}}
@@ -160,7 +162,7 @@ def run_one(model_type: str, arch: str, task: str, timeout: float,
     result, log = tmp / "row.json", tmp / "log.txt"
     proc = _context().Process(target=worker.run_to_file,
                               args=(model_type, arch, task, str(result), str(log),
-                                    worker_env()))
+                                    worker_env(), threads))
     start = time.perf_counter()
     peak = 0
     try:
@@ -263,7 +265,9 @@ def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
                              "modes": {}, "seconds": 0.0})
     todo = sorted((a for a in archs if rows[a[0]].get("status") not in DONE),
                   key=lambda a: (FIRST.index(a[0]) if a[0] in FIRST else len(FIRST), a[0]))
-    run = {"jobs": jobs, "timeout": timeout, "max_memory_gib": max_memory / GiB,
+    threads = max(1, (os.cpu_count() or 1) // jobs)  # rows side by side share the cores
+    run = {"jobs": jobs, "threads_per_row": threads, "timeout": timeout,
+           "max_memory_gib": max_memory / GiB,
            "compiler_flags": worker_env()["NEURON_CC_FLAGS"],
            "rows_run": len(todo), "wall_seconds": 0.0}
     start = time.perf_counter()
@@ -279,7 +283,7 @@ def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
             tqdm(total=len(archs), initial=len(archs) - len(todo), desc=f"support {task}",
                  unit="model") as bar:
-        futures = {pool.submit(run_one, mt, arch, task, timeout, max_memory): mt
+        futures = {pool.submit(run_one, mt, arch, task, timeout, max_memory, threads): mt
                    for mt, arch in todo}
         for fut in as_completed(futures):
             row = fut.result()

@@ -150,7 +150,7 @@ td.e{{max-width:420px;font-size:11px;color:#555}}</style><script>{_SCRIPT}</scri
 <h1>Does it run on Trainium? {data['task']} architectures</h1>
 <p>{html.escape(headline(data))}</p>
 <p>Each model: a tiny random config that keeps the architecture's layer kinds, then every
-mode compared with CPU: {', '.join(MODES)} (compiled forward + backward at three sizes under
+mode compared with CPU: {', '.join(MODES)} (compiled forward + backward at two sizes under
 the default Dynamo config, with the number of graphs compiled). {html.escape(_timing(data))}</p>
 {_status_chart(s['counts'])}
 <ul>{legend}</ul>

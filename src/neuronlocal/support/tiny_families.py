@@ -56,11 +56,13 @@ def _family_xlstm(d: dict[str, Any]) -> None:
 def _family_reformer(d: dict[str, Any]) -> None:
     """Axial position embeddings must sum to the width and, in training, multiply to the
     sequence length (12, the matrix's); chunks divide it. Dropout off: its backward runs
-    only in training mode (models.TRAIN_MODE_BACKWARD)."""
+    only in training mode (models.TRAIN_MODE_BACKWARD). LSH attention draws random
+    rotations at every call; `hash_seed` fixes them, so CPU and neuron hash alike."""
     d["axial_pos_embds_dim"] = [d["hidden_size"] // 2, d["hidden_size"] // 2]
     d["axial_pos_shape"] = [3, 4]
     d["local_attn_chunk_length"] = d["lsh_attn_chunk_length"] = 4
     d["num_buckets"] = 4
+    d["hash_seed"] = 0
     d["feed_forward_size"] = 128
     for key in list(d):
         if "dropout" in key and isinstance(d[key], float):

@@ -288,7 +288,7 @@ def test_support_unwritable_out_fails_first(tmp_path, monkeypatch, capsys):
 def test_results_are_written_after_every_row(tmp_path, monkeypatch):
     calls = []
 
-    def fake(mt, arch, task, timeout, max_memory):
+    def fake(mt, arch, task, timeout, max_memory, threads):
         calls.append(mt)
         if len(calls) == 2:
             raise KeyboardInterrupt  # the run dies after one row

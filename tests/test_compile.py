@@ -184,6 +184,24 @@ def test_optimisation_level_sets_inductor_config(monkeypatch, flags):
     assert seen[-1] == {**OPTLEVEL_PATCHES[level], "cpp_wrapper": False}
 
 
+@pytest.mark.parametrize(("pool", "shape"), [
+    (nn.AvgPool1d(2, ceil_mode=True), (1, 2, 5)),
+    (nn.AvgPool2d(3, ceil_mode=True), (2, 3, 7, 5)),
+    (nn.AvgPool2d(320, ceil_mode=True), (1, 4, 2, 2)),  # EfficientNet's head on a tiny map
+    (nn.AvgPool3d(3, ceil_mode=True), (1, 2, 4, 4, 4)),
+], ids=["1d", "2d", "2d-kernel-over-input", "3d"])
+def test_average_pool_with_ceil_mode_has_eager_gradients(pool, shape):
+    """Inductor's own average-pool backward divides a last window that overhangs the input by
+    the whole kernel (EfficientNet's head, Funnel's pooling); neuron graphs get eager's."""
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    ref = x.clone().requires_grad_()
+    pool(ref).square().sum().backward()
+    dev = x.to("neuron").requires_grad_()
+    torch.compile(pool, backend="neuron")(dev).square().sum().backward()
+    torch.testing.assert_close(dev.grad.cpu(), ref.grad)
+
+
 def test_default_backend_on_neuron_matches_cpu():
     """torch.compile(model) with no backend (Inductor) on neuron tensors compiles through the
     neuron backend and matches CPU, forward and backward."""

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from neuronlocal.compile import cache as cache_mod
-from neuronlocal.compile.cache import CacheLockTimeout, NeffCache, State
+from neuronlocal.compile.cache import INDUCTOR_DIR, CacheLockTimeout, NeffCache, State
 
 pytestmark = pytest.mark.timeout(900)
 OTHER_UID = 65534  # nobody
@@ -116,7 +116,7 @@ def test_planted_code_in_a_refused_directory_is_never_used(tmp_path, fresh_pytho
     planted = tmp_path / "neff"
     planted.mkdir(mode=0o777)
     planted.chmod(0o777)
-    (planted / "inductor").mkdir()
+    (planted / INDUCTOR_DIR).mkdir()
     before = _files(planted)
     caches, err = _compile_in_new_process(_env(tmp_path))
     assert caches == ["miss"] and "can be written by other users" in err
@@ -289,14 +289,14 @@ def test_corrupt_artifact_recompiles(tmp_path):
     libs = [rel for rel in entry["files"] if rel.endswith(".so")]
     assert libs, entry["files"]
     for rel in libs:
-        art = root / "inductor" / rel
+        art = root / INDUCTOR_DIR / rel
         art.write_bytes(art.read_bytes()[:100])
     again, err = _compile_in_new_process(_env(tmp_path))
     assert again == ["miss"] and "checksum differs" in err
     fresh = json.loads(next(root.glob("*.neff")).read_bytes())
     assert fresh["files"], "the recompile must list its artifacts again"
     for rel in fresh["files"]:
-        assert (root / "inductor" / rel).stat().st_size > 100 or not rel.endswith(".so")
+        assert (root / INDUCTOR_DIR / rel).stat().st_size > 100 or not rel.endswith(".so")
 
 
 def test_four_ranks_compile_once(tmp_path):

@@ -315,6 +315,33 @@ def test_results_are_written_after_every_row(tmp_path, monkeypatch):
     assert counts["not-run"] == len(data["models"]) - 2
 
 
+def test_rerunning_chosen_rows_keeps_the_sweeps_run_record(tmp_path, monkeypatch):
+    """The JSON's `run` says how the whole sweep ran: a resumed sweep adds to it, a rerun of
+    chosen rows is listed beside it and never replaces it."""
+    monkeypatch.setattr(matrix, "architectures",
+                        lambda task: [("a", "A"), ("b", "B"), ("c", "C")])
+    ran = []
+    monkeypatch.setattr(matrix, "run_one",
+                        lambda mt, *a, **k: ran.append(mt) or _row(mt, "pass"))
+    path = tmp_path / "support-causal-lm.json"
+    matrix.run_matrix("causal-lm", tmp_path, jobs=2, only=["a"])
+    first = json.loads(path.read_text())["run"]
+    assert first["reruns"][0]["models"] == ["a"] and "rows_run" not in first
+    matrix.run_matrix("causal-lm", tmp_path, jobs=2)  # the sweep (resumes: b and c)
+    sweep = json.loads(path.read_text())["run"]
+    assert sweep["rows_run"] == 2 and sweep["jobs"] == 2
+    matrix.run_matrix("causal-lm", tmp_path, jobs=1, only=["b"], force=True)
+    run = json.loads(path.read_text())["run"]
+    assert run["jobs"] == 2 and run["rows_run"] == 2  # still the sweep's
+    assert [r["models"] for r in run["reruns"]] == [["a"], ["b"]]
+    assert run["reruns"][-1]["jobs"] == 1
+    assert "rerun since: a, b" in (tmp_path / "support-causal-lm.md").read_text()
+    matrix.run_matrix("causal-lm", tmp_path, jobs=2, force=True)  # a new sweep
+    run = json.loads(path.read_text())["run"]
+    assert run["rows_run"] == 3 and "reruns" not in run
+    assert ran == ["a", "b", "c", "b", "a", "b", "c"]
+
+
 def test_one_number_everywhere(tmp_path):
     rows = {"a": _row("a", "pass", fallback_ops={"aten::mm": 1}), "b": _row("b", "neuron-fail"),
             "c": _row("c", "build-fail", error="build: boom"), "d": _row("d", "cpu-fail")}
@@ -415,7 +442,23 @@ def test_a_row_forked_from_the_warmed_forkserver_runs_every_mode():
     assert list(row["modes"]) == list(models.TASK_MODES["causal-lm"])
     for mode, m in row["modes"].items():
         assert m["cpu_ok"] and m["neuron_ok"], (mode, m["error"])
-    assert row["modes"]["shapes"]["graphs"] == len(models.SHAPE_LENGTHS)
+    assert row["modes"]["compile"]["graphs"] == row["modes"]["shapes"]["graphs"] == 1
+
+
+def test_the_shapes_mode_recompiles_the_compiled_model_with_symbolic_sizes():
+    """compile runs the compiled model at its first size (a static graph); shapes runs the
+    same model at the second size, where Dynamo recompiles with symbolic sizes and the
+    backend specialises the graph, as in a job whose sequence length changes. Alone, shapes
+    meets the first size itself, so what it tests does not depend on the other mode."""
+    from neuronlocal.core import dynamo_metrics
+
+    for modes in (("compile", "shapes"), ("shapes",)):
+        rep = models.check_model("llama", "LlamaForCausalLM", modes=modes)
+        assert rep.status == "pass", rep.error
+        graphs = dynamo_metrics.get_dynamo_metrics()["graphs"]
+        assert [g["kind"] for g in graphs] == ["static", "specialized"], modes
+        assert graphs[1]["input_shapes"] != graphs[0]["input_shapes"]
+        assert rep.modes["shapes"].graphs == (1 if "compile" in modes else 2)
 
 
 def test_random_ops_in_a_forward_compare_with_cpu():

@@ -31,7 +31,7 @@ from torch import fx
 from neuronlocal import _C
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
-from neuronlocal.compile.inductor import optlevel_patches, stock_compile_fx
+from neuronlocal.compile.inductor import lowering_fixes, optlevel_patches, stock_compile_fx
 from neuronlocal.compile.subclass import compile_desugared, has_subclass
 from neuronlocal.core import dynamo_metrics as metrics
 from neuronlocal.core.config import env_flag
@@ -168,7 +168,7 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
             node.meta["val"] = x
     # The backward compiles with the forward, under the graph's lock, so a concurrent
     # process finds a complete cache entry and never compiles the same backward again.
-    with tracing(TracingContext(fake_mode)), \
+    with tracing(TracingContext(fake_mode)), lowering_fixes(), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         return stock_compile_fx()(cpu_gm, fakes, config_patches=config_patches or None)
 

@@ -38,10 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.compile.inductor import LOWERING_FIXES
 from neuronlocal.core.config import env_flag, env_seconds, env_str
 
 ENTRY_SUFFIX = ".neff"
 FORMAT = 2
+# Inductor's own caches, in a folder named by neuron's lowering fixes, so graphs compiled
+# before a fix are never served.
+INDUCTOR_DIR = f"inductor-{LOWERING_FIXES}"
 _KEY = re.compile(r"^[0-9a-f]{16,64}$")
 
 
@@ -166,7 +170,7 @@ class State:
 
     @property
     def inductor_dir(self) -> Path | None:
-        return None if self.root is None else self.root / "inductor"
+        return None if self.root is None else self.root / INDUCTOR_DIR
 
 
 class NeffCache:
@@ -186,7 +190,7 @@ class NeffCache:
             _warn_once(f"neuron compile cache disabled: {problem}. Set "
                        "TORCH_NEURONX_NEFF_CACHE_DIR to a directory only you can write.")
             return State("off")
-        inductor = root / "inductor"
+        inductor = root / INDUCTOR_DIR
         with contextlib.suppress(OSError):
             inductor.mkdir(mode=0o700, exist_ok=True)
         if os.access(root, os.W_OK) and (not inductor.exists() or os.access(inductor, os.W_OK)):
@@ -352,14 +356,15 @@ def inductor_dirs(cache: NeffCache, state: State, cacheable: bool) -> Iterator[N
 
 
 def graph_key(code: str, inputs_meta: list[Any], extra: dict[str, Any]) -> str:
-    """Hash of the graph code, the input metadata and the versions that affect codegen."""
+    """Hash of the graph code, the input metadata and the versions that affect codegen
+    (lowering fixes included: an entry compiled before a fix is never looked up)."""
     import torch
 
     from neuronlocal.core import VERSION
 
     h = hashlib.sha256()
     for part in (code, repr(inputs_meta), repr(sorted(extra.items())), torch.__version__,
-                 VERSION, str(FORMAT)):
+                 VERSION, str(FORMAT), str(LOWERING_FIXES)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:40]

@@ -15,8 +15,10 @@ Both are installed when the PyTorch module is first imported (neuronlocal.patchi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +37,15 @@ OPTLEVEL_PATCHES: dict[int, dict[str, Any]] = {
     2: {},
     3: {},
 }
+# Inductor lowerings that compute wrong results in this PyTorch, and the ATen kernels neuron
+# graphs use instead (TorchNeuron's compiler computes these ops like the eager kernels):
+# average-pool backward with ceil_mode divides a last window that overhangs the input by the
+# whole kernel, where eager divides by the part inside the padded input (pytorch#198119).
+# Bump LOWERING_FIXES when this changes: it names the Inductor cache folder, so no graph
+# compiled by the wrong lowering is served again.
+LOWERING_FIXES = 1
+_FIX_CEIL_POOL = ("avg_pool2d_backward", "avg_pool3d_backward")
+_fixing: contextvars.ContextVar[bool] = contextvars.ContextVar("neuron_fixing", default=False)
 # compile_fx arguments torch.compile's Inductor wrapper passes; any other (a custom
 # inner_compile, decompositions) means a caller that drives Inductor itself.
 _ROUTABLE = {"config_patches", "compile_region_name"}
@@ -115,6 +126,39 @@ def optlevel_patches() -> dict[str, Any]:
     from neuronlocal.core.config import env_optlevel
 
     return dict(OPTLEVEL_PATCHES[env_optlevel()])
+
+
+def _install_lowering_fixes() -> None:
+    """Wraps the wrong lowerings once; the wrapper diverts only inside `lowering_fixes()`, so
+    Inductor's CPU compiles outside neuron's stay exactly stock."""
+    from torch._inductor import lowering
+
+    for name in _FIX_CEIL_POOL:
+        op = getattr(torch.ops.aten, name).default
+        stock = lowering.lowerings.get(op)
+        if stock is None or getattr(stock, "_neuronlocal", False):
+            continue
+        fallback = lowering.fallback_handler(op, add_to_fallback_set=False)
+
+        def fixed(*args: Any, _stock: Any = stock, _fallback: Any = fallback, **kwargs: Any
+                  ) -> Any:
+            ceil_mode = args[5] if len(args) > 5 else kwargs.get("ceil_mode", False)
+            use = _fallback if ceil_mode and _fixing.get() else _stock
+            return use(*args, **kwargs)
+
+        fixed._neuronlocal = True  # type: ignore[attr-defined]
+        lowering.lowerings[op] = fixed
+
+
+@contextlib.contextmanager
+def lowering_fixes() -> Iterator[None]:
+    """Within: Inductor lowers the ops of `_FIX_CEIL_POOL` with ceil_mode to ATen kernels."""
+    _install_lowering_fixes()
+    token = _fixing.set(True)
+    try:
+        yield
+    finally:
+        _fixing.reset(token)
 
 
 def stock_compile_fx() -> Callable[..., Any]:

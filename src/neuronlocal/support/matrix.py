@@ -240,6 +240,37 @@ def save(path: Path, task: str, rows: dict[str, dict[str, Any]],
     return data
 
 
+def _previous_run(path: Path) -> dict[str, Any]:
+    try:
+        run = json.loads(path.read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return run if isinstance(run, dict) else {}
+
+
+def merge_run(previous: dict[str, Any], this: dict[str, Any], resumed: bool) -> dict[str, Any]:
+    """The JSON's `run` record: how the sweep that produced the rows ran.
+
+    A run over every architecture is the sweep (a resumed one adds its rows and wall time to
+    the sweep it continues); a run of chosen rows (`--models`) keeps the sweep's record and
+    is listed under `reruns`, so rerunning one row never passes off as the whole sweep."""
+    if "models" in this:  # chosen rows
+        return {**previous, "reruns": [*previous.get("reruns", []), this]}
+    if not resumed:  # --force over every architecture: a new sweep
+        return dict(this)
+    if not this["rows_run"]:  # nothing was left to run
+        return previous or dict(this)
+    merged = {**this, "reruns": previous.get("reruns", [])}
+    if previous.get("rows_run"):  # continues an interrupted sweep
+        merged.update(rows_run=previous["rows_run"] + this["rows_run"],
+                      wall_seconds=round(previous.get("wall_seconds", 0.0)
+                                         + this["wall_seconds"], 1),
+                      resumed=previous.get("resumed", 0) + 1)
+    if not merged["reruns"]:
+        del merged["reruns"]
+    return merged
+
+
 def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
                only: Iterable[str] | None = None, force: bool = False,
                max_memory: float = 6 * GiB) -> dict[str, Any]:
@@ -266,16 +297,19 @@ def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
     todo = sorted((a for a in archs if rows[a[0]].get("status") not in DONE),
                   key=lambda a: (FIRST.index(a[0]) if a[0] in FIRST else len(FIRST), a[0]))
     threads = max(1, (os.cpu_count() or 1) // jobs)  # rows side by side share the cores
-    run = {"jobs": jobs, "threads_per_row": threads, "timeout": timeout,
-           "max_memory_gib": max_memory / GiB,
-           "compiler_flags": worker_env()["NEURON_CC_FLAGS"],
-           "rows_run": len(todo), "wall_seconds": 0.0}
+    this = {"jobs": jobs, "threads_per_row": threads, "timeout": timeout,
+            "max_memory_gib": max_memory / GiB,
+            "compiler_flags": worker_env()["NEURON_CC_FLAGS"],
+            "rows_run": len(todo), "wall_seconds": 0.0}
+    if only is not None:
+        this["models"] = sorted(mt for mt, _ in todo)
+    previous = _previous_run(json_path)
     start = time.perf_counter()
     lock = threading.Lock()
 
     def write() -> dict[str, Any]:
-        run["wall_seconds"] = round(time.perf_counter() - start, 1)
-        data = save(json_path, task, rows, run)
+        this["wall_seconds"] = round(time.perf_counter() - start, 1)
+        data = save(json_path, task, rows, merge_run(previous, this, resumed=not force))
         render.write_all(out_dir, task, data)
         return data
 

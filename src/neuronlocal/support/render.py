@@ -65,8 +65,11 @@ def _error(row: dict[str, Any]) -> str:
 def _timing(data: dict[str, Any]) -> str:
     s, run = data["summary"], data.get("run") or {}
     per_mode = ", ".join(f"{k} {v / 60:.1f}" for k, v in s.get("mode_seconds", {}).items())
-    wall = (f"last run {run.get('wall_seconds', 0) / 60:.1f} min wall with -j {run['jobs']} "
+    wall = (f"sweep {run.get('wall_seconds', 0) / 60:.1f} min wall with -j {run['jobs']} "
             f"for {run.get('rows_run', 0)} rows; " if run.get("jobs") else "")
+    reran = sorted({m for r in run.get("reruns", []) for m in r.get("models", [])})
+    if reran:
+        wall += f"rerun since: {', '.join(reran)}; "
     return (f"Time: {wall}rows {s.get('row_seconds', 0) / 60:.1f} min in total; per mode (min): "
             f"{per_mode or '-'}. Host emulation times, not Trainium timings.")
 
@@ -150,8 +153,9 @@ td.e{{max-width:420px;font-size:11px;color:#555}}</style><script>{_SCRIPT}</scri
 <h1>Does it run on Trainium? {data['task']} architectures</h1>
 <p>{html.escape(headline(data))}</p>
 <p>Each model: a tiny random config that keeps the architecture's layer kinds, then every
-mode compared with CPU: {', '.join(MODES)} (compiled forward + backward at two sizes under
-the default Dynamo config, with the number of graphs compiled). {html.escape(_timing(data))}</p>
+mode compared with CPU: {', '.join(MODES)} (shapes: the compiled model's forward + backward
+at a second size under the default Dynamo config, which recompiles with symbolic sizes;
+compiled modes count their graphs). {html.escape(_timing(data))}</p>
 {_status_chart(s['counts'])}
 <ul>{legend}</ul>
 <p><input id="q" placeholder="filter" oninput="filt()"></p>

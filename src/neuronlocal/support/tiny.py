@@ -190,6 +190,7 @@ def shrink_dict(d: dict[str, Any], config: Any | None, opts: Options = DEFAULT,
             out[key] = shrink_dict(value, getattr(config, key, None), opts, record,
                                    (*path, key))
     _fill_unset(out)
+    _no_layer_drop(out)
     old.update({k: v for k, v in out.items() if old.get(k) is None and v is not None})
     _clamp_sizes(old, out)
     _scale_head_dims(old, out)
@@ -256,6 +257,15 @@ def _fill_unset(d: dict[str, Any]) -> None:
             _int(d.get(k)) and d[k] > 1 for k in ("n_routed_experts", "num_experts",
                                                    "num_local_experts")):
         d["num_experts_per_tok"] = 2
+
+
+def _no_layer_drop(d: dict[str, Any]) -> None:
+    """LayerDrop off: it skips layers on `torch.rand([])` draws from the CPU generator, which
+    dropout on CPU also draws from and dropout on neuron does not, so the two sides of a
+    training step would skip different layers (as they would on Trainium)."""
+    for key, value in d.items():
+        if "layerdrop" in key and isinstance(value, (int, float)) and value:
+            d[key] = 0.0
 
 
 def _is_head_dim(key: str) -> bool:

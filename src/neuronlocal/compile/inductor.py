@@ -40,7 +40,7 @@ OPTLEVEL_PATCHES: dict[int, dict[str, Any]] = {
 # Inductor lowerings that compute wrong results in this PyTorch, and the ATen kernels neuron
 # graphs use instead (TorchNeuron's compiler computes these ops like the eager kernels):
 # average-pool backward with ceil_mode divides a last window that overhangs the input by the
-# whole kernel, where eager divides by the part inside the padded input (pytorch#198119).
+# whole kernel, where eager divides by the part inside the padded input.
 # Bump LOWERING_FIXES when this changes: it names the Inductor cache folder, so no graph
 # compiled by the wrong lowering is served again.
 LOWERING_FIXES = 1

@@ -213,9 +213,10 @@ def _fwd_bwd(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[to
         model.eval()
     # A parameter the loss does not reach has no gradient in eager and a zero one where a
     # compiled graph returned the output it feeds (siglip2's unused pooling head): equal.
-    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()
-             if p.requires_grad]
-    return [_logits(out), _loss(out, inputs), *grads[:4], *grads[-4:]]
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad
+             for p in params[:4] + params[-4:]]
+    return [_logits(out), _loss(out, inputs), *grads]
 
 
 def _loss(out: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -35,8 +35,12 @@ _MAX_SHARE = 0.02
 
 
 def write_state(path: Path, data: dict[str, Any]) -> None:
-    """Atomically replaces the state file (private to the user, never through a symlink)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-", suffix=".tmp")
+    """Atomically replaces the state file (private to the user, never through a symlink).
+
+    The temporary file is named after the state file, so that the supervising parent can
+    remove one a crash left half-written (runner.py).
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, default=str)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import glob
 import json
 import logging
 import os
@@ -119,6 +120,13 @@ def _signal_name(signum: int) -> str:
 def _finish_for_child(out: Path, state: Path, status: int, seconds: float, quiet: bool) -> int:
     """After the child ended: its exit status, and the report it could not write itself."""
     try:
+        return _report_for_child(out, state, status, seconds, quiet)
+    finally:
+        _remove_state(state)
+
+
+def _report_for_child(out: Path, state: Path, status: int, seconds: float, quiet: bool) -> int:
+    try:
         data = json.loads(state.read_text())
     except FileNotFoundError:
         return status  # the target never started (e.g. no such module): no report
@@ -149,9 +157,14 @@ def _finish_for_child(out: Path, state: Path, status: int, seconds: float, quiet
             except OSError as e:
                 print(f"neuronlocal run: could not write the report to {out}/: {e}",
                       file=sys.stderr)
-    with contextlib.suppress(OSError):
-        state.unlink()
     return code
+
+
+def _remove_state(state: Path) -> None:
+    """Removes the state file and any snapshot a crash interrupted half-written."""
+    for p in [state, *state.parent.glob(f"{glob.escape(state.name)}.*.tmp")]:
+        with contextlib.suppress(OSError):
+            p.unlink()
 
 
 def run(args: list[str], module: str | None = None, report_dir: str | Path = "neuron_report",

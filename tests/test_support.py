@@ -248,6 +248,27 @@ def test_check_default_config(capsys):
     assert "shapes" in out and "graphs compiled" in out
 
 
+def test_seq2seq_decoder_inputs_come_from_the_models_own_preparation():
+    # FSMT does not derive decoder inputs from the labels: they come from the model's own
+    # prepare_decoder_input_ids_from_labels, as transformers' seq2seq collator does.
+    loaded = configs.load(model_type="fsmt", task="seq2seq")
+    cfg, model = models.build_tiny(loaded.config, loaded.model_cls, "seq2seq")
+    inputs = models.make_inputs(cfg, "seq2seq", 8, torch.Generator().manual_seed(0), model)
+    assert torch.equal(inputs["decoder_input_ids"],
+                       model.prepare_decoder_input_ids_from_labels(labels=inputs["labels"]))
+    out = model(**inputs)
+    assert out.logits.shape[:2] == inputs["labels"].shape and torch.isfinite(out.loss)
+
+
+def test_check_estimates_a_training_step_only_for_causal_lms(capsys):
+    from neuronlocal.support import check
+
+    check._print_fit(configs.load(model_type="t5", task="seq2seq"), "seq2seq")
+    out = capsys.readouterr().out
+    assert "full size:" in out and "meta device" not in out
+    assert "not estimated (step estimates cover causal-LM models; a seq2seq step" in out
+
+
 # --- the matrix runner --------------------------------------------------------------------
 
 def _row(mt: str, status: str, **extra) -> dict:

@@ -80,7 +80,7 @@ def print_fallbacks(calls: dict[str, int], traffic: dict[str, dict[str, int]]) -
               f"{fmt_bytes(t.get('from_host', 0) / max(1, n), 1):>16}")
 
 
-def _print_fit(loaded: Loaded) -> None:
+def _print_fit(loaded: Loaded, task: str) -> None:
     from neuronlocal.estimate import cli as estimate_cli
 
     try:
@@ -94,6 +94,10 @@ def _print_fit(loaded: Loaded) -> None:
         where = ", ".join(f"{inst}: TP={d}" if d else f"{inst}: does not fit"
                           for inst, d in tp.items())
         print(f"  {what:<10} smallest tensor-parallel degree per instance -> {where}")
+    if task != "causal-lm":  # the step model counts a causal LM's forward on its tokens
+        print(f"  estimated training step: not estimated (step estimates cover causal-LM "
+              f"models; a {task} step is not modelled)")
+        return
     try:
         print(estimate_cli.check_line(loaded.config, fit.train_tp.get("trn2.48xlarge")))
     except Exception as e:  # noqa: BLE001 - the estimate is advice, the check is the verdict
@@ -139,7 +143,7 @@ def run(config: str | None, model_dir: str | None, model_type: str | None,
     estimated = estimate_view.text(cap.snapshot())
     if estimated:
         print("\n" + estimated)
-    _print_fit(loaded)
+    _print_fit(loaded, task)
     advice = []
     if rep.fallback_ops:
         advice.append("avoid the CPU-fallback ops above in the hot path (they run on the host)")

@@ -161,26 +161,31 @@ def _vocab(cfg: Any) -> int:
     return int(getattr(cfg, "vocab_size", None) or cfg.get_text_config().vocab_size)
 
 
-def _forward_args(model_cls: Any) -> set[str]:
+def _forward_args(model: torch.nn.Module | None) -> set[str]:
     import inspect
 
-    return set(inspect.signature(model_cls.forward).parameters) if model_cls else set()
+    return set(inspect.signature(model.forward).parameters) if model is not None else set()
 
 
 def make_inputs(cfg: Any, task: str, size: int, gen: torch.Generator,
-                model_cls: Any = None) -> dict[str, torch.Tensor]:
-    """Model inputs with labels: `size` is the sequence length (the batch size for images)."""
+                model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """Model inputs with labels: `size` is the sequence length (the batch size for images).
+
+    Encoder-decoders get their decoder inputs from the model's own
+    `prepare_decoder_input_ids_from_labels` where it has one, as transformers' seq2seq data
+    collator does: FSMT does not derive them from the labels itself.
+    """
     if task == "image-classification":
         vision = getattr(cfg, "vision_config", None) or cfg
         labels = torch.randint(0, max(int(getattr(cfg, "num_labels", 2)), 1), (size,),
                                generator=gen)
-        if "pixel_values" not in _forward_args(model_cls):  # ImageGPT: pixels as token ids
+        if "pixel_values" not in _forward_args(model):  # ImageGPT: pixels as token ids
             ids = torch.randint(0, _vocab(cfg) - 1, (size, 16), generator=gen)
             return {"input_ids": ids, "labels": labels}
         channels = int(getattr(vision, "num_channels", 3) or 3)
         side = getattr(vision, "image_size", 32) or 32
         side = int(side[0] if isinstance(side, (list, tuple)) else side)
-        if "spatial_shapes" in _forward_args(model_cls):  # NaFlex: patches, not images
+        if "spatial_shapes" in _forward_args(model):  # NaFlex: patches, not images
             patch = int(getattr(vision, "patch_size", 16))
             n = int(getattr(vision, "num_patches", 16))
             grid = int(n ** 0.5)
@@ -194,7 +199,11 @@ def make_inputs(cfg: Any, task: str, size: int, gen: torch.Generator,
     ids = torch.randint(3, _vocab(cfg) - 1, (2 * books, size), generator=gen)
     if task == "seq2seq" and getattr(cfg, "is_encoder_decoder", False):
         labels = torch.randint(3, _vocab(cfg) - 1, (2 * books, max(size // 2, 2)), generator=gen)
-        return {"input_ids": ids, "labels": labels}
+        prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+        if prepare is None:
+            return {"input_ids": ids, "labels": labels}
+        return {"input_ids": ids, "labels": labels,
+                "decoder_input_ids": prepare(labels=labels)}
     labels = ids if books == 1 else ids.view(2, books, size).transpose(1, 2)
     return {"input_ids": ids, "labels": labels}
 
@@ -250,7 +259,7 @@ class _Compiled:
         cfg, cpu = build_tiny(config, model_cls, task, min_layers=1)
         gen = torch.Generator().manual_seed(3)
         sizes = SHAPE_BATCHES if task == "image-classification" else SHAPE_LENGTHS
-        self.batches = [make_inputs(cfg, task, n, gen, model_cls) for n in sizes]
+        self.batches = [make_inputs(cfg, task, n, gen, cpu) for n in sizes]
         self.dev = copy.deepcopy(cpu).to("neuron")
         self.cpu = cpu
         torch._dynamo.reset()  # a fresh frame: the first size compiles static, as in a new job
@@ -366,7 +375,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     rep.layers = next((getattr(cfg, k) for k in ("num_hidden_layers", "n_layer", "num_layers")
                        if isinstance(getattr(cfg, k, None), int)), None)
     gen = torch.Generator().manual_seed(1)
-    inputs = make_inputs(cfg, task, seq if task != "image-classification" else 2, gen, model_cls)
+    inputs = make_inputs(cfg, task, seq if task != "image-classification" else 2, gen, cpu)
     inputs_n = _to(inputs, "neuron")
     metrics.reset_dynamo_metrics()
     tracking.clear_op_tracking()

@@ -37,6 +37,23 @@ def test_shrink_makes_configs_tiny(model_type):
     assert 2 <= layers <= 4
 
 
+def test_widths_that_are_a_fraction_of_the_hidden_size_stay_that_fraction():
+    # MobileBERT's LM head is `hidden_size - embedding_size` wide (128 of 512 by default).
+    cfg = tiny.shrink(transformers.CONFIG_MAPPING["mobilebert"]())
+    assert cfg.embedding_size * 4 == cfg.true_hidden_size * 4 == cfg.hidden_size <= 64
+    electra = tiny.shrink(transformers.CONFIG_MAPPING["electra"]())
+    assert electra.embedding_size * 2 == electra.hidden_size
+
+
+@pytest.mark.parametrize("model_type", ["mobilebert", "esm"])
+def test_masked_lms_whose_default_config_did_not_build(model_type):
+    # ESM's default config leaves the vocabulary (and its padding id) to the checkpoint.
+    loaded = configs.load(model_type=model_type, task="masked-lm")
+    cfg, model = models.build_tiny(loaded.config, loaded.model_cls, "masked-lm")
+    out = model(**models.make_inputs(cfg, "masked-lm", 8, torch.Generator().manual_seed(0)))
+    assert torch.isfinite(out.loss)
+
+
 @pytest.mark.parametrize("model_type,kinds", [
     ("qwen3_next", {"linear_attention", "full_attention"}),
     ("kimi_linear", {"linear_attention", "full_attention"}),

@@ -6,13 +6,16 @@ model. The rules, general first (a per-family rule only where no general rule ca
 - The config is rebuilt through its own class from a shrunk dict, so transformers itself
   re-derives what depends on the sizes (head_dim from qk_rope_head_dim, layer_types from
   attention periods, ...) and validates the result.
-- Widths, heads, experts and vocab are clamped small; widths that are a multiple of the
-  hidden size stay that multiple. Per-head dims (rotary, latent and linear attention) scale
-  with head_dim, so partial rotary and latent-attention splits stay consistent; full
+- Widths, heads, experts and vocab are clamped small; widths that are a multiple or a
+  fraction (1/2, 1/4) of the hidden size stay that multiple or fraction, so a width the
+  model subtracts from the hidden size stays smaller than it. Per-head dims (rotary,
+  latent and linear attention) scale with head_dim, so partial rotary and latent-attention
+  splits stay consistent; full
   multi-head attention stays full (latent attention relies on it), grouped stays grouped;
   SSM heads x head dim keeps matching the inner width.
 - Fields a default config leaves unset although the model needs them get their documented
-  default (head_dim = hidden / heads, key-value heads = heads, top-k 2 for MoE).
+  default (head_dim = hidden / heads, key-value heads = heads, top-k 2 for MoE); a
+  vocabulary left to the checkpoint gets the tiny one.
 - Depth: the shortest selection of layers that keeps one layer of each kind (attention,
   linear attention or SSM, dense or MoE MLP, per-layer overrides, KV-sharing). Per-layer
   lists, layer index lists, per_layer_config and "first k layers" counts are remapped to it;
@@ -243,6 +246,10 @@ def _int(v: Any) -> TypeGuard[int]:
 
 def _fill_unset(d: dict[str, Any]) -> None:
     """Documented defaults for fields a default config leaves unset but the model reads."""
+    if "vocab_size" in d and d["vocab_size"] is None:  # ESM: each checkpoint sets both
+        d["vocab_size"] = VOCAB
+        if "pad_token_id" in d and d["pad_token_id"] is None:
+            d["pad_token_id"] = 1  # below the ids the inputs draw (3 and up)
     heads, hidden = d.get("num_attention_heads"), d.get("hidden_size")
     if "head_dim" in d and d["head_dim"] is None and _int(heads) and _int(hidden) and heads:
         d["head_dim"] = hidden // heads
@@ -291,13 +298,17 @@ def _clamp_sizes(old: dict[str, Any], d: dict[str, Any]) -> None:
             d[key] = min(value, limit)
     hidden = _hidden_key(old)
     for key, value in old.items():
-        if (not _int(value) or value <= 256 or key in SIZES or _is_head_dim(key)
+        if (not _int(value) or key in SIZES or _is_head_dim(key)
                 or "token" in key or "position" in key or "max_" in key or "seed" in key
                 or "chunk" in key):
             continue
-        if hidden and value / old[hidden] in _HIDDEN_RATIOS and any(
+        ratio = value / old[hidden] if hidden else 0
+        if ratio in _HIDDEN_RATIOS and (value > 256 or ratio < 1) and any(
                 part in key for part in _WIDTH_WORDS):
-            d[key] = int(d[hidden] * value / old[hidden])
+            # however small: MobileBERT's head is `hidden - embedding_size` wide
+            d[key] = int(d[hidden] * ratio)
+            continue
+        if value <= 256:
             continue
         limit = next((lim for part, lim in _LARGE_LIMITS if part in key), None)
         if limit is not None:

@@ -10,9 +10,8 @@ model. The rules, general first (a per-family rule only where no general rule ca
   fraction (1/2, 1/4) of the hidden size stay that multiple or fraction, so a width the
   model subtracts from the hidden size stays smaller than it. Per-head dims (rotary,
   latent and linear attention) scale with head_dim, so partial rotary and latent-attention
-  splits stay consistent; full
-  multi-head attention stays full (latent attention relies on it), grouped stays grouped;
-  SSM heads x head dim keeps matching the inner width.
+  splits stay consistent; full multi-head attention stays full (latent attention relies on
+  it), grouped stays grouped; SSM heads x head dim keeps matching the inner width.
 - Fields a default config leaves unset although the model needs them get their documented
   default (head_dim = hidden / heads, key-value heads = heads, top-k 2 for MoE); a
   vocabulary left to the checkpoint gets the tiny one.
@@ -303,7 +302,7 @@ def _clamp_sizes(old: dict[str, Any], d: dict[str, Any]) -> None:
                 or "chunk" in key):
             continue
         ratio = value / old[hidden] if hidden else 0
-        if ratio in _HIDDEN_RATIOS and (value > 256 or ratio < 1) and any(
+        if hidden and ratio in _HIDDEN_RATIOS and (value > 256 or ratio < 1) and any(
                 part in key for part in _WIDTH_WORDS):
             # however small: MobileBERT's head is `hidden - embedding_size` wide
             d[key] = int(d[hidden] * ratio)

@@ -289,6 +289,31 @@ def test_compiled_graph_memory_is_counted():
     assert torch.neuron.memory_allocated() == base
 
 
+def test_a_parameter_freed_and_gathered_again_before_backward():
+    """FSDP2's pattern: after forward the unsharded parameter's storage is freed (resize to
+    0), other tensors take the memory, and before backward the storage is allocated again
+    and the parameter gathered into it. The compiled graph's saved parameter must read the
+    new bytes, as a saved view of one storage does on CPU."""
+    torch.manual_seed(0)
+    w, x = torch.randn(8, 8), torch.randn(4, 8)
+
+    def run(dev: str, backend: str) -> list[torch.Tensor]:
+        p = nn.Parameter(w.clone().to(dev))
+        xx = x.to(dev).requires_grad_(True)
+        y = torch.compile(lambda a, b: torch.tanh(a @ b).sum(), backend=backend)(xx, p)
+        nbytes = p.untyped_storage().nbytes()
+        p.untyped_storage().resize_(0)
+        taken = torch.full((8, 8), 7.0, device=dev)  # noqa: F841 - holds the freed memory
+        p.untyped_storage().resize_(nbytes)
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(p):
+            p.copy_(w)
+        y.backward()
+        return [xx.grad.cpu(), p.grad.cpu()]
+
+    for got, want in zip(run("neuron", "neuron"), run("cpu", "inductor"), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_dynamic_true_rejected():
     fn = torch.compile(lambda x: x + 1, backend="neuron", dynamic=True)
     with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):

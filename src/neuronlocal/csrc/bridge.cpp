@@ -49,8 +49,9 @@ const at::Tensor& cached_alias(const at::Tensor& t) {
 
 // Neuron tensors become CPU aliases; everything else passes through. The device index of
 // the first neuron tensor is returned (current device when there is none). `reuse`: hand
-// out the alias kept on each tensor (calls without autograd), else fresh aliases (a
-// differentiable call marks its aliases as graph leaves).
+// out the alias kept on each tensor (calls without autograd), else fresh tracked aliases (a
+// differentiable call marks its aliases as graph leaves, and its CPU graph may save them
+// for a backward that runs after their storage was freed and gathered again).
 std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args,
                                                   bool reuse) {
   settle();  // queued foreach ops (an optimizer step) write bytes the graph may read
@@ -63,7 +64,7 @@ std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>&
       if (t.defined() && t.device().type() == kNeuron) {
         if (index < 0) index = t.device().index();
         out.push_back(py::reinterpret_steal<py::object>(
-            THPVariable_Wrap(reuse ? cached_alias(t) : cpu_alias(t))));
+            THPVariable_Wrap(reuse ? cached_alias(t) : tracked_alias(t))));
         continue;
       }
     }

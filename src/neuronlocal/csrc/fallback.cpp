@@ -113,10 +113,6 @@ OpInfo& info_for(const c10::OperatorHandle& op) {
   return ref;
 }
 
-void release_storage(void* ctx) {
-  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
-}
-
 std::string where(const c10::Device& d) {
   return d.type() == kNeuron ? "neuron:" + std::to_string(d.index()) : d.str();
 }
@@ -434,34 +430,6 @@ at::Tensor make_neuron(c10::Storage st, const at::Tensor& like) {
   if (like.is_conj()) t._set_conj(true);
   if (like.is_neg()) t._set_neg(true);
   return t;
-}
-
-at::Tensor cpu_alias(const at::Tensor& t) {
-  settle();
-  return alias_of(t);
-}
-
-at::Tensor alias_of(const at::Tensor& t) {
-  auto* impl = t.unsafeGetTensorImpl();
-  const auto& st = impl->storage();
-  auto* sti = st.unsafeGetStorageImpl();
-  c10::raw::intrusive_ptr::incref(sti);
-  c10::DataPtr dp(const_cast<void*>(st.data()), sti, &release_storage, c10::Device(c10::kCPU));
-  auto cst = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
-                                                    st.nbytes(), std::move(dp),
-                                                    c10::GetCPUAllocator(), true);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(std::move(cst)), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_conj()) out._set_conj(true);
-  if (t.is_neg()) out._set_neg(true);
-  return out;
-}
-
-c10::StorageImpl* alias_source(const c10::Storage& cpu) {
-  const auto& dp = cpu.data_ptr();
-  return dp.get_deleter() == &release_storage ? static_cast<c10::StorageImpl*>(dp.get_context())
-                                              : nullptr;
 }
 
 void set_policy(bool downcast_64bit, bool strict) {

@@ -150,6 +150,7 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
     if (keep) std::memcpy(fresh.get(), impl->data(), keep);
     impl->set_data_ptr_noswap(std::move(fresh));
     impl->set_nbytes(newsize);
+    follow_resize(impl);
   }
 };
 

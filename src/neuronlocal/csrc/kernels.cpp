@@ -89,7 +89,11 @@ const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
                          std::optional<at::MemoryFormat> mf) {
   settle();
   IndexGuard g(self.device());
-  return at::native::resize_(self, size, mf);
+  auto* st = self.storage().unsafeGetStorageImpl();
+  const void* before = st->data();
+  const auto& out = at::native::resize_(self, size, mf);
+  if (self.storage().unsafeGetStorageImpl() == st && st->data() != before) follow_resize(st);
+  return out;
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {

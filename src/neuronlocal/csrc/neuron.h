@@ -68,7 +68,7 @@ c10::DeviceIndex set_host_core(c10::DeviceIndex index);
 std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index);
 void set_timeline(bool on);
 
-// ---- fallback.cpp ----------------------------------------------------------
+// ---- alias.cpp -------------------------------------------------------------
 // A CPU tensor over the bytes of a neuron tensor (no copy, keeps them alive). Runs queued
 // foreach ops first (see settle()): use it for every read of neuron bytes outside dispatch.
 at::Tensor cpu_alias(const at::Tensor& t);
@@ -76,6 +76,12 @@ at::Tensor cpu_alias(const at::Tensor& t);
 c10::StorageImpl* alias_source(const c10::Storage& cpu);
 // The same alias without settling: for the dispatch path, which settles once per op.
 at::Tensor alias_of(const at::Tensor& t);
+// An alias that may outlive the call (compiled code saves it for backward): it follows its
+// neuron storage through resizes (follow_resize, which every neuron storage resize calls).
+at::Tensor tracked_alias(const at::Tensor& t);
+void follow_resize(c10::StorageImpl* neuron_storage);
+
+// ---- fallback.cpp ----------------------------------------------------------
 // A neuron tensor over `st` with the sizes, strides and offset of `like`.
 at::Tensor make_neuron(c10::Storage st, const at::Tensor& like);
 // The boxed fallback every op without its own kernel runs (see fallback.cpp).

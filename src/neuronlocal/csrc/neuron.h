@@ -6,6 +6,8 @@
 //   module.cpp       the Python bindings (neuronlocal._C)
 //   guard.cpp        device guard (current device, device count, streams, events) and hooks
 //   memory.cpp       allocator over host memory with per-core HBM accounting and OOM
+//   alias.cpp        zero-copy CPU aliases of neuron tensors; those compiled code keeps
+//                    until backward follow their storage through resizes
 //   fallback.cpp     the boxed CPU fallback on zero-copy aliases, op tracking, 64-bit rule
 //   kernels.cpp      the few ATen kernels neuron implements itself (allocation, copies, ...)
 //   registration.cpp every registration with the dispatcher, in one place

@@ -199,11 +199,11 @@ def make_inputs(cfg: Any, task: str, size: int, gen: torch.Generator,
     ids = torch.randint(3, _vocab(cfg) - 1, (2 * books, size), generator=gen)
     if task == "seq2seq" and getattr(cfg, "is_encoder_decoder", False):
         labels = torch.randint(3, _vocab(cfg) - 1, (2 * books, max(size // 2, 2)), generator=gen)
+        batch = {"input_ids": ids, "labels": labels}
         prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
-        if prepare is None:
-            return {"input_ids": ids, "labels": labels}
-        return {"input_ids": ids, "labels": labels,
-                "decoder_input_ids": prepare(labels=labels)}
+        if prepare is not None:
+            batch["decoder_input_ids"] = prepare(labels=labels)
+        return batch
     labels = ids if books == 1 else ids.view(2, books, size).transpose(1, 2)
     return {"input_ids": ids, "labels": labels}
 

@@ -39,7 +39,6 @@ def main() -> None:
                       max_position_embeddings=64)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(a.device)
-    model.config.use_cache = False
     model.gradient_checkpointing_enable({"use_reentrant": False})
     plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),

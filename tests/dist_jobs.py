@@ -256,7 +256,7 @@ def llama() -> nn.Module:
     # graph; 4 heads of each kind shard over 2 or 4 TP ranks.
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                      max_position_embeddings=64, use_cache=False)
+                      max_position_embeddings=64)  # use_cache left at its default (True)
     return LlamaForCausalLM(cfg)
 
 

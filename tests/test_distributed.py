@@ -112,6 +112,30 @@ def test_compiled_ddp_and_functional_collectives_trace_the_group(single_rank):
         torch.testing.assert_close(p.grad.cpu(), q.grad, msg=name)
 
 
+def test_compiled_dtensor_graph_with_a_tensor_constant(single_rank):
+    """A compiled graph over DTensor parameters that creates a tensor inside (as a KV cache's
+    empty key/value tensors do with use_cache=True) compiles and matches eager: AOTAutograd
+    lifts the tensor as a constant of the plain graph it hands the backend."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    torch._dynamo.reset()
+    mesh = init_device_mesh("neuron", (1,))
+    torch.manual_seed(0)
+    lin = parallelize_module(torch.nn.Linear(4, 6).to("neuron"), mesh, ColwiseParallel())
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        empty = torch.tensor([], device=x.device)  # a constant of the traced graph
+        return torch.cat([empty, lin(x).flatten()]).sum()
+
+    x = torch.randn(3, 4, device="neuron")
+    torch.compile(step, backend="neuron")(x).backward()
+    got = lin.weight.grad.full_tensor().cpu()
+    lin.weight.grad = None
+    step(x).backward()
+    torch.testing.assert_close(got, lin.weight.grad.full_tensor().cpu())
+
+
 def test_too_many_ranks_per_node_is_a_clear_error(fresh_python):
     r = fresh_python("""
         import torch, neuronlocal.distributed as d

@@ -77,27 +77,53 @@ def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> 
     return histc_host(x, bins, min, max)
 
 
-def rewrite_to_cpu(gm: fx.GraphModule) -> fx.GraphModule:
-    """Device constants neuron -> cpu, neuron tensor attributes -> CPU aliases, and ops whose
-    device kernel accepts more than the CPU kernel -> their wider host version."""
-    for node in gm.graph.nodes:
+def _host(val: Any) -> Any:
+    """A graph attribute as the CPU graph sees it: neuron tensors become CPU aliases."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if isinstance(val, torch.Tensor) and val.device.type == "neuron":
+        with unset_fake_temporarily():  # a real constant, seen inside AOTAutograd's fake mode
+            alias = _C._cpu_alias(val.detach())
+        if isinstance(val, torch.nn.Parameter):
+            return torch.nn.Parameter(alias, requires_grad=val.requires_grad)
+        return alias
+    return val
+
+
+def cpu_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A CPU copy of `gm` for Inductor: device constants neuron -> cpu, neuron tensor
+    attributes -> CPU aliases, and ops whose device kernel accepts more than the CPU kernel
+    -> their wider host version.
+
+    Only the graph is copied; attributes are shared (as aliases), never deep-copied: that
+    would copy every weight, and inside AOTAutograd's fake mode (the graphs of a desugared
+    subclass graph) a copied tensor constant becomes a meta tensor that cannot take the
+    neuron storage (a KV cache's empty tensors are such constants)."""
+    graph = copy.deepcopy(gm.graph)  # nodes are copied; their meta and tensors are shared
+    root = torch.nn.Module()
+    for node in graph.nodes:
         node.args, node.kwargs = _cpu(node.args), _cpu(node.kwargs)
         if node.op == "call_function" and node.target in (torch.histc, torch.ops.aten.histc,
                                                           torch.ops.aten.histc.default):
             node.target = _histc
         elif node.op == "call_method" and node.target == "histc":
             node.op, node.target = "call_function", _histc
-        if node.op == "get_attr":
+        if node.op in ("get_attr", "call_module"):
             owner, _, name = node.target.rpartition(".")
-            mod = gm.get_submodule(owner) if owner else gm
-            val = getattr(mod, name, None)
-            if isinstance(val, torch.Tensor) and val.device.type == "neuron":
-                alias = _C._cpu_alias(val.detach())
-                if isinstance(val, torch.nn.Parameter):
-                    alias = torch.nn.Parameter(alias, requires_grad=val.requires_grad)
-                setattr(mod, name, alias)
-    gm.recompile()
-    return gm
+            parent = root
+            for part in owner.split(".") if owner else []:
+                if not hasattr(parent, part):
+                    parent.add_module(part, torch.nn.Module())
+                parent = getattr(parent, part)
+            val = gm.get_submodule(owner) if owner else gm
+            val = getattr(val, name)
+            if isinstance(val, torch.nn.Module):
+                parent.add_module(name, val)
+            else:
+                setattr(parent, name, _host(val))
+    out = fx.GraphModule(root, graph, class_name=type(gm).__name__)
+    out.meta = dict(getattr(gm, "meta", {}))
+    return out
 
 
 def _example(x: Any, autograd: bool) -> Any:
@@ -198,7 +224,7 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     collectives = any("c10d" in str(getattr(n.target, "namespace", n.target))
                       for n in gm.graph.nodes if n.op == "call_function")
     to_neuron = output_devices(gm)
-    cpu_gm = rewrite_to_cpu(copy.deepcopy(gm))
+    cpu_gm = cpu_copy(gm)
     examples = [_example(x, autograd) for x in example_inputs]
     # The optimisation level's settings, then the caller's own (mode, options) over them.
     patches = {**optlevel_patches(), **(options.get("config_patches") or {})}

@@ -29,12 +29,13 @@ import torch
 from torch import fx
 
 from neuronlocal import _C
+from neuronlocal.compile.aot import autocopied, compile_parts
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
 from neuronlocal.compile.inductor import lowering_fixes, optlevel_patches, stock_compile_fx
 from neuronlocal.compile.subclass import compile_desugared, has_subclass
 from neuronlocal.core import dynamo_metrics as metrics
-from neuronlocal.core.config import env_flag
+from neuronlocal.core.config import env_compiler, env_flag
 from neuronlocal.device import check_available
 from neuronlocal.estimate import capture as estimate_capture
 
@@ -212,6 +213,49 @@ def compile_failed(err: Exception, name: str, nodes: int, options: dict[str, Any
                   "=0).", stacklevel=3)
 
 
+def _has_collectives(gm: fx.GraphModule) -> bool:
+    return any("c10d" in str(getattr(n.target, "namespace", n.target))
+               for n in gm.graph.nodes if n.op == "call_function")
+
+
+def _record(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
+            graph_id: int, name: str, seconds: float, cache_state: str, key: str, kind: str,
+            extra: dict[str, Any]) -> None:
+    shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
+    dtypes = [str(x.dtype) for x in example_inputs if isinstance(x, torch.Tensor)]
+    metrics.record(metrics.GraphRecord(graph_id, name, options.get("model_name"),
+                                       len(gm.graph.nodes), shapes, dtypes, seconds, cache_state,
+                                       key, _has_collectives(gm), kind, extra))
+
+
+def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, Any],
+                  kind: str = "static", extra: dict[str, Any] | None = None
+                  ) -> Callable[..., Any]:
+    """Compiles one static graph with the default compiler (compile/aot.py: AOTAutograd's
+    graphs run through the neuron eager path), with its cache entry and metrics record."""
+    graph_id = metrics.next_graph_id()
+    name = _graph_name(gm, options.get("model_name") or metrics.get_model_name(), graph_id)
+    args = autocopied(args)
+    flags = {"grad": torch.is_grad_enabled(), "compiler": "eager"}
+    key = graph_key(gm.code, [_meta(x) for x in args], flags)
+    start = time.perf_counter()
+    try:
+        fn, parts = compile_parts(gm, args)
+    except Exception as err:
+        compile_failed(err, name, len(gm.graph.nodes), options)
+        return gm.forward
+    cache_state = _CACHE.mark(key, name)
+    _record(gm, args, options, graph_id, name, time.perf_counter() - start, cache_state, key,
+            kind, {**(extra or {}), "compiler": "eager", "parts": parts})
+    log.debug("compiled %s (%d nodes; parts %s), cache %s", name, len(gm.graph.nodes), parts,
+              cache_state)
+
+    def run(*call_args: Any) -> Any:
+        return fn(*autocopied(call_args))
+
+    return estimate_capture.attach(gm, args, run)
+
+
 def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
                    kind: str = "static", extra: dict[str, Any] | None = None,
                    autograd: bool = True) -> Callable[..., Any]:
@@ -221,8 +265,6 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     graph_id = metrics.next_graph_id()
     name = _graph_name(gm, options.get("model_name") or metrics.get_model_name(), graph_id)
     nodes = len(gm.graph.nodes)
-    collectives = any("c10d" in str(getattr(n.target, "namespace", n.target))
-                      for n in gm.graph.nodes if n.op == "call_function")
     to_neuron = output_devices(gm)
     cpu_gm = cpu_copy(gm)
     examples = [_example(x, autograd) for x in example_inputs]
@@ -256,14 +298,9 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
         compiled = CompiledGraph(fn, to_neuron, autograd)
         if state.mode != "off":
             _CACHE.memory[key] = compiled
-    seconds = time.perf_counter() - start
-    shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
-    dtypes = [str(x.dtype) for x in example_inputs if isinstance(x, torch.Tensor)]
-    metrics.record(metrics.GraphRecord(graph_id, name, options.get("model_name"), nodes, shapes,
-                                       dtypes, seconds, cache_state, key, collectives, kind,
-                                       dict(extra or {})))
-    log.debug("compiled %s (%d nodes) in %.2fs, cache %s\n%s", name, nodes, seconds,
-              cache_state, cpu_gm.code)
+    _record(gm, example_inputs, options, graph_id, name, time.perf_counter() - start,
+            cache_state, key, kind, {**(extra or {}), "compiler": "inductor"})
+    log.debug("compiled %s (%d nodes), cache %s\n%s", name, nodes, cache_state, cpu_gm.code)
     # The Trainium-time estimate of this graph goes on its record, and its calls are counted
     # while `neuronlocal run` or `check` captures (neuronlocal.estimate.capture).
     return estimate_capture.attach(gm, example_inputs, compiled)
@@ -314,7 +351,10 @@ class _Specializer:
         if fn is None:
             kind = "specialized" if self.positions else "static"
             before = metrics.next_graph_id()
-            if has_subclass(args):
+            if env_compiler() == "eager" and any(
+                    isinstance(a, torch.Tensor) and a.device.type == "neuron" for a in args):
+                fn = compile_eager(self.gm, args, self.options, kind, self.extra)
+            elif has_subclass(args):
                 fn = compile_desugared(self.gm, args, self.options, kind, self.extra)
             else:
                 fn = compile_static(self.gm, list(args), self.options, kind=kind,

@@ -316,16 +316,35 @@ class NeffCache:
         return {p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
                 and not p.name.endswith((".lock", ".tmp"))}
 
-    def store(self, key: str, graph_name: str, before: set[Path], state: State) -> None:
+    def store(self, key: str, graph_name: str, before: set[Path] | None, state: State) -> None:
+        """Writes the entry of `key`, naming the artifacts made since `before` (None: a graph
+        of the eager compiler, which leaves no artifacts)."""
         if state.mode != "rw":
             return
         root = state.inductor_dir
-        new = sorted(self.snapshot(state) - before)
+        new = [] if before is None else sorted(self.snapshot(state) - before)
         files = {str(p.relative_to(root)): _sha256(p) for p in new}  # type: ignore[arg-type]
         entry = {"format": FORMAT, "key": key, "graph_name": graph_name, "files": files,
                  "created": time.time()}
         atomic_write(self.entry_path(state.root, key),  # type: ignore[arg-type]
                      json.dumps(entry, indent=1).encode())
+
+
+    def mark(self, key: str, graph_name: str) -> str:
+        """"hit" when `key` has an entry (this process or on disk), else records one and says
+        "miss": the cache semantics of a graph the eager compiler runs, whose compile leaves
+        no artifact (on Trainium, a hit skips neuronx-cc)."""
+        if key in self.memory:
+            return "hit"
+        state = self.state()
+        if state.mode == "off":
+            return "miss"
+        if state.mode == "rw":
+            self.memory[key] = True
+        if self.lookup(key, state) is not None:
+            return "hit"
+        self.store(key, graph_name, None, state)
+        return "miss"
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ class EnvVar:
 
 
 PLACEMENTS = ("trainium", "native")
+COMPILERS = ("eager", "inductor")
 
 ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NEURONLOCAL_INSTANCE", "trn2.3xlarge",
@@ -84,6 +85,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "on: `-O1` (or `--optlevel 1`) compiles graphs about 2.5x faster and runs them "
            "slower; `-O2` is the default. Other flags are accepted and have no effect here.",
            "ccflags"),
+    EnvVar("NEURONLOCAL_COMPILER", "eager",
+           "How compiled graphs run. `eager`: AOTAutograd's graphs run through the neuron eager "
+           "path (a compile costs Dynamo's and AOTAutograd's trace, no C++ build). `inductor`: "
+           "stock Inductor for CPU builds C++ (slow compiles, faster steady steps for long "
+           "runs; NEURON_CC_FLAGS' level picks its settings).", "choice", COMPILERS),
     EnvVar("TORCH_NEURONX_LOG_LEVEL", "0", "3 prints debug logs of the backend.", "level"),
     EnvVar("NEURON_LAUNCH_BLOCKING", "1",
            "Accepted for compatibility; execution on the host is always synchronous.", "flag"),
@@ -213,6 +219,13 @@ def parse_optlevel(name: str, raw: str) -> int:
         raise ConfigError(f"{name}={raw!r} sets optimisation level {level!r}; use -O1, -O2 or "
                           "-O3 (or --optlevel 1, 2, 3).")
     return int(level)
+
+
+def env_compiler() -> str:
+    """Which compiler runs torch.compile graphs (NEURONLOCAL_COMPILER), read now."""
+    value = env_str("NEURONLOCAL_COMPILER") or _known("NEURONLOCAL_COMPILER").default
+    _check(_known("NEURONLOCAL_COMPILER"), value)
+    return value
 
 
 def env_optlevel() -> int:

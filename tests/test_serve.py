@@ -284,7 +284,9 @@ def test_replay_serves_without_recompiles(tmp_path, capsys):
     res = json.loads(out)
     r = res["replay"]
     assert r["error"] is None and r["recompiles_after_warmup"] == 0
-    assert r["requests"] == 5 and r["outputs_match"] and r["graphs_warmed"] >= 1
+    # the decode step compiled once per token bucket it can use (padded prompt + output)
+    assert r["requests"] == 5 and r["outputs_match"]
+    assert r["graphs_warmed"] == len(r["token_buckets_warmed"]) >= 1
     assert set(r["token_buckets_warmed"]) <= set(res["plan"]["token_buckets"])
     assert all(math.isfinite(r[k]["p50"]) for k in ("host_ttft_ms", "host_tpot_ms",
                                                     "estimated_ttft_ms"))

@@ -51,7 +51,6 @@ def replay(folder: str, requests: Sequence[Request], ctx: list[int], tg: list[in
     from transformers import AutoModelForCausalLM, StaticCache
 
     from neuronlocal.compile.bucketing import bucket_for, pad_to_bucket
-    from neuronlocal.core import dynamo_metrics
 
     cpu = AutoModelForCausalLM.from_pretrained(folder).eval()
     dev = AutoModelForCausalLM.from_pretrained(folder, device_map="neuron").eval()
@@ -72,11 +71,20 @@ def replay(folder: str, requests: Sequence[Request], ctx: list[int], tg: list[in
                            streamer=clock)
         return out[0, padded.shape[-1]:].cpu(), clock, padded.shape[-1], size, start
 
+    limit = max(torch._dynamo.config.recompile_limit, len(tg) + 2)
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        return _serve(cpu, generate, requests, ctx, tg, steps)
+
+
+def _serve(cpu: Any, generate: Any, requests: Sequence[Request], ctx: list[int],
+           tg: list[int], steps: StepTimes) -> dict[str, Any]:
+    from neuronlocal.compile.bucketing import bucket_for
+    from neuronlocal.core import dynamo_metrics
+
     gen = torch.Generator().manual_seed(0)
     vocab = int(cpu.config.vocab_size)
     warmed = []
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                               len(tg) + len(ctx) + 2)
+    start_graphs = dynamo_metrics.get_dynamo_metrics()["num_graphs"]
     for size in tg:  # one decode graph per token bucket, reached from the smallest prompt
         b = next((b for b in ctx if b + 2 <= size), None)
         if b is not None:
@@ -110,7 +118,8 @@ def replay(folder: str, requests: Sequence[Request], ctx: list[int], tg: list[in
             est_tpot.append(steps.decode(size))
     after = dynamo_metrics.get_dynamo_metrics()
     return {"requests": len(matches), "skipped_no_bucket": skipped,
-            "graphs_warmed": len(warmed), "token_buckets_warmed": warmed,
+            "graphs_warmed": before["num_graphs"] - start_graphs,
+            "token_buckets_warmed": warmed,
             "recompiles_after_warmup": after["num_graphs"] - before["num_graphs"],
             "error": error, "outputs_match": bool(matches) and all(matches),
             "host_ttft_ms": _ms(ttft), "host_tpot_ms": _ms(tpot),

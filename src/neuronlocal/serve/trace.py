@@ -98,7 +98,7 @@ def parse(text: str, name: str) -> Trace:
                 continue
             try:
                 rows.append((f"{name}:{i}", json.loads(line)))
-            except ValueError as e:
+            except json.JSONDecodeError as e:
                 raise TraceError(f"{name}:{i}: not JSON ({e.msg}); write one JSON object per "
                                  "line") from None
             if len(rows) > MAX_REQUESTS:

@@ -174,7 +174,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         "setup": {"model": args.model, "instance": args.instance, "tp": args.tp,
                   "batch": args.batch, "max_len": max_len, "requests": len(trace.requests),
                   "trace_format": trace.source, "trace_note": trace.note,
-                  "length_note": _position_note(cfg, max_len),
+                  "length_note": "" if args.max_len else _position_note(cfg, max_len),
                   "candidates_simulated": f.candidates,
                   "hbm": {"weights": hbm.get("weights", 0.0),
                           "kv_cache": hbm.get("kv_cache", 0.0), "total": total,

@@ -10,9 +10,9 @@ Cost minimised (docs/serving.md), in seconds:
     p99 TTFT + (padding prefill seconds + padded-KV decode seconds) / requests
              + graphs x compile seconds / WARMUP_REQUESTS
 For every number of buckets the fit takes the exact minimum-padding-cost list of each kind
-(`bucketing.fit_buckets` on estimated step times), simulates each fitted list next to the
-baseline's other list, the split of every graph count that the padding cost ranks first,
-and then the other splits while SIM_BUDGET lasts, and keeps the lowest cost among those that
+(`bucketing.fit_buckets` on estimated step times) and, while SIM_BUDGET lasts, simulates the
+split of every graph count that the padding cost ranks first, each fitted list next to the
+baseline's other list, then the other splits; it keeps the lowest cost among those that
 are no worse than the baseline on graphs, padding fraction, p99 TTFT and p99 TPOT. The
 baseline is itself a candidate, so the plan is never worse on any of them when the baseline
 fits in --max-graphs (the default).
@@ -30,7 +30,7 @@ from neuronlocal.serve.sim import Curve, Sim, StepTimes, percentile, simulate
 from neuronlocal.serve.trace import Request
 
 STEP = 128
-SIM_BUDGET = 1_000_000  # requests simulated in all (past the first candidates of each kind)
+SIM_BUDGET = 1_000_000  # requests simulated in all, over every candidate
 WARMUP_REQUESTS = 10_000  # requests one warm-up is taken to serve, to price a graph's compile
 # Minutes per graph of neuronx-cc. No published benchmark of compile time exists; the band's
 # top is a reported 45-minute compile, the bottom the "minutes" TorchNeuron documents for a
@@ -54,7 +54,6 @@ def baseline(max_ctx: int, max_len: int) -> tuple[list[int], list[int]]:
 
 @dataclass
 class Result:
-    name: str
     ctx: list[int]
     tg: list[int]
     sim: Sim
@@ -64,9 +63,6 @@ class Result:
     @property
     def graphs(self) -> int:
         return len(self.ctx) + len(self.tg)
-
-    def p(self, values: list[float], q: float) -> float | None:
-        return percentile(values, q)
 
     @property
     def cost(self) -> float:
@@ -138,10 +134,10 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
     base_ctx, base_tg = baseline(max_ctx, max_len)
     n = len(requests)
 
-    def run(name: str, ctx: list[int], tg: list[int]) -> Result:
-        return Result(name, ctx, tg, simulate(requests, ctx, tg, steps), n, compile_minutes)
+    def run(ctx: list[int], tg: list[int]) -> Result:
+        return Result(ctx, tg, simulate(requests, ctx, tg, steps), n, compile_minutes)
 
-    base = run("baseline", base_ctx, base_tg)
+    base = run(base_ctx, base_tg)
     limit = base.graphs if max_graphs is None else max_graphs
     if limit < 2:
         raise ValueError("--max-graphs must be at least 2 (one prefill and one decode graph)")
@@ -151,35 +147,37 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
     tg_lists = {k: fit_buckets(cells, k, STEP, steps.decode, max_len) if cells else [max_len]
                 for k in range(1, limit)}
 
+    prompt_cells: dict[int, int] = {}
+    for r in ok:
+        prompt_cells[round_up(r.prompt)] = prompt_cells.get(round_up(r.prompt), 0) + 1
+
     def proxy(ctx: list[int], tg: list[int]) -> float:
-        pre = sum(steps.prefill(next(b for b in ctx if b >= r.prompt)) for r in ok)
+        pre = sum(w * steps.prefill(next(b for b in ctx if b >= c))
+                  for c, w in prompt_cells.items())
         dec = sum(w * steps.decode(next(b for b in tg if b >= c)) for c, w in cells.items())
         return pre + dec / steps.batch
 
-    # Candidates, in the order they are simulated: the baseline; each fitted list with the
-    # baseline's other list; the proxy-cheapest split of every graph count; every other
-    # split, cheapest first, while the simulation budget lasts.
+    # Candidates, in the order they are simulated while SIM_BUDGET lasts (the baseline and
+    # one more always): the split of every graph count the padding cost ranks first; each
+    # fitted list with the baseline's other list; every other split, cheapest first.
     splits = sorted(((proxy(c, t), len(c) + len(t), c, t) for c in ctx_lists.values()
                      for t in tg_lists.values() if len(c) + len(t) <= limit),
                     key=lambda x: (x[0], x[1], x[2], x[3]))
-    anchored = [(c, base_tg) for c in ctx_lists.values() if len(c) + len(base_tg) <= limit]
-    anchored += [(base_ctx, t) for t in tg_lists.values() if len(base_ctx) + len(t) <= limit]
     per_count: dict[int, tuple[list[int], list[int]]] = {}
     for _, g, c, t in splits:
         per_count.setdefault(g, (c, t))
-    order = [(base_ctx, base_tg), *anchored, *per_count.values(),
-             *((c, t) for _, _, c, t in splits)]
-    must = 1 + len(anchored) + len(per_count)
-    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-    results: list[Result] = []
-    for i, (c, t) in enumerate(order):
-        key = (tuple(c), tuple(t))
-        if key in seen or len(c) + len(t) > limit and i > 0:
+    anchored = [(c, base_tg) for c in ctx_lists.values() if len(c) + len(base_tg) <= limit]
+    anchored += [(base_ctx, t) for t in tg_lists.values() if len(base_ctx) + len(t) <= limit]
+    order = [*per_count.values(), *anchored, *((c, t) for _, _, c, t in splits)]
+    seen = {(tuple(base_ctx), tuple(base_tg))}
+    results = [base]
+    for c, t in order:
+        if (tuple(c), tuple(t)) in seen:
             continue
-        if i >= must and len(results) * n > SIM_BUDGET:
+        if len(results) >= 2 and len(results) * n > SIM_BUDGET:
             break
-        seen.add(key)
-        results.append(base if i == 0 else run("plan", list(c), list(t)))
+        seen.add((tuple(c), tuple(t)))
+        results.append(run(list(c), list(t)))
     if base.graphs > limit:
         results.remove(base)
     better = [r for r in results if dominates(r, base)]
@@ -189,7 +187,6 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
     if not better:
         note = (f"the baseline needs {base.graphs} graphs, over --max-graphs {limit}; no plan "
                 "within the limit is as good as it on every metric")
-    plan.name = "plan"
     return Fit(plan, base, dominates(plan, base), note, len(results))
 
 

@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -178,6 +177,8 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
     ('{"prompt_tokens": 10, "output_tokens": 2}\n', ["--replay", "2"], "local model folder"),
     ('{"prompt_tokens": 900, "output_tokens": 2}\n', ["--max-len", "128"], "no request"),
     ('{"prompt_tokens": 10, "output_tokens": 2}\n', ["--instance", "trn9.x"], "trn9.x"),
+    ('{"prompt_tokens": 10, "output_tokens": 2}\n', ["--tp", "3"], "does not divide"),
+    ('{"prompt_tokens": 10, "output_tokens": 2}\n', ["--tp", "4"], "attention heads"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, text, extra, message):
     path = tmp_path / "trace.jsonl"
@@ -290,4 +291,6 @@ def test_replay_serves_without_recompiles(tmp_path, capsys):
     assert set(r["token_buckets_warmed"]) <= set(res["plan"]["token_buckets"])
     assert all(math.isfinite(r[k]["p50"]) for k in ("host_ttft_ms", "host_tpot_ms",
                                                     "estimated_ttft_ms"))
-    assert Path(tmp_path / "m" / "config.json").is_file()
+    from neuronlocal.serve.cli import render
+
+    assert "0 recompiles after warm-up" in render(res)

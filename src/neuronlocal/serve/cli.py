@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-graphs", type=int, help="graphs to compile at most (default: as "
                                                   "many as the powers-of-two baseline)")
     p.add_argument("--max-len", type=int, help="longest prompt + output served, a multiple of "
-                   "128 (default: the trace's longest, rounded up, within the model's limit)")
+                   "128 (default: the trace's longest, rounded up)")
     p.add_argument("--compile-minutes", type=float, help="neuronx-cc minutes per graph "
                    "(default: the middle of the reported band; no published figure exists)")
     p.add_argument("--replay", type=int, metavar="N", help="run the first N requests on "
@@ -152,6 +152,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         cores = instance(args.instance, args.lnc).cores
     except KeyError as e:
         raise ValueError(str(e.args[0])) from None
+    if cores % args.tp:
+        raise ValueError(f"--tp {args.tp} does not divide the {cores} logical cores of "
+                         f"{args.instance}; give a divisor of {cores}")
     cfg = load_config(args.model)
     bad = problems(Layout(args.instance, "decode", tp=args.tp, dp=max(1, cores // args.tp),
                           micro_batch=args.batch, lnc=args.lnc), shape(cfg, 0))

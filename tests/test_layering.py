@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("estimate", ("neuronlocal.estimate",)),
     ("backends", ("neuronlocal.compile", "neuronlocal.distributed", "neuronlocal.kernels")),
     ("integrations", ("neuronlocal.hf",)),
-    ("tools", ("neuronlocal.support", "neuronlocal.report")),
+    ("tools", ("neuronlocal.support", "neuronlocal.report", "neuronlocal.serve")),
     ("entry", ("neuronlocal", "torch_neuronx")),
 ]
 

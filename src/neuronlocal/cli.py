@@ -1,4 +1,5 @@
-"""The `neuronlocal` command: info, demo, check, support, ops, env, run, estimate."""
+"""The `neuronlocal` command: info, demo, check, support, ops, env, run, estimate,
+serve-plan."""
 
 from __future__ import annotations
 
@@ -158,6 +159,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return estimate_cli.run(args)
 
 
+def cmd_serve_plan(args: argparse.Namespace) -> int:
+    from neuronlocal.serve import cli as serve_cli
+
+    return serve_cli.run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="neuronlocal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -212,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
                                             "model on Trainium, with its error band")
     estimate_arguments(p_est)
     p_est.set_defaults(func=cmd_estimate)
+    from neuronlocal.serve.cli import add_arguments as serve_arguments
+
+    p_serve = sub.add_parser("serve-plan", help="bucket lists, graphs, warm-up and p99 latency "
+                                                "for a traffic trace, against powers of two")
+    serve_arguments(p_serve)
+    p_serve.set_defaults(func=cmd_serve_plan)
     args = parser.parse_args(argv)
     if args.command in ("check", "support") and _unavailable():
         return 1

@@ -7,7 +7,7 @@ the smallest bucket that fits and returns the matching attention mask.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -47,16 +47,60 @@ def pad_to_bucket(input_ids: torch.Tensor, buckets: Sequence[int], pad_id: int =
     return ids, mask
 
 
-def suggest_buckets(lengths: Iterable[int], max_buckets: int = 4) -> list[int]:
-    """A small bucket set covering the lengths seen: quantiles rounded up to multiples of 8."""
-    seen = sorted(set(lengths))
-    if not seen:
+def fit_buckets(lengths: Iterable[int] | Mapping[int, float], max_buckets: int = 4,
+                step: int = 8, cost: Callable[[int], float] | None = None,
+                largest: int | None = None) -> list[int]:
+    """The bucket set (multiples of `step`, at most `max_buckets`) that minimises the summed
+    `cost(bucket)` over `lengths`, each length padded to its bucket and counted as often as it
+    occurs (or by its weight, when `lengths` maps length -> weight). `cost` must not decrease
+    with the bucket (default: the bucket itself, i.e. padded tokens). `largest` forces the
+    top bucket (it must cover every length). Of equally cheap sets the fewest buckets win.
+
+    Exact: an optimal bucket always sits on a length rounded up to `step` (lowering it to the
+    largest length it serves never costs more), so a dynamic programme over those values
+    finds the optimum in O(max_buckets * n**2) for n distinct rounded lengths."""
+    import numpy as np
+
+    counts: dict[int, float] = {}
+    pairs = lengths.items() if isinstance(lengths, Mapping) else ((x, 1.0) for x in lengths)
+    for x, w in pairs:
+        r = max(step, -(-int(x) // step) * step)
+        counts[r] = counts.get(r, 0.0) + w
+    if not counts:
         return []
-    if len(seen) <= max_buckets:
-        return sorted({((x + 7) // 8) * 8 for x in seen})
-    picks = []
-    for k in range(1, max_buckets + 1):
-        x = seen[min(len(seen) - 1, round(k * len(seen) / max_buckets) - 1)]
-        picks.append(((x + 7) // 8) * 8)
-    picks[-1] = max(picks[-1], ((seen[-1] + 7) // 8) * 8)
-    return sorted(set(picks))
+    if largest is not None:
+        if largest < max(counts):
+            raise ValueError(f"largest bucket {largest} is below the longest length "
+                             f"{max(counts)}")
+        counts.setdefault(largest, 0)
+    values = sorted(counts)
+    if max_buckets < 1:
+        raise ValueError("max_buckets must be at least 1")
+    price = np.array([float(cost(v)) if cost else float(v) for v in values])
+    cum = np.concatenate([[0.0], np.cumsum([counts[v] for v in values], dtype=float)])
+    n = len(values)
+    # best[k][j]: cheapest cover of values[:j + 1] with k + 1 buckets, the top one values[j]
+    best = [price * cum[1:]]
+    back: list[np.ndarray] = []
+    for _ in range(1, min(max_buckets, n)):
+        prev, row, arg = best[-1], np.full(n, np.inf), np.zeros(n, dtype=int)
+        for j in range(1, n):
+            cand = prev[:j] + price[j] * (cum[j + 1] - cum[1:j + 1])
+            i = int(np.argmin(cand))
+            row[j], arg[j] = cand[i], i
+        best.append(row)
+        back.append(arg)
+    totals = [row[n - 1] for row in best]
+    floor = min(totals)
+    k = next(k for k, t in enumerate(totals) if t <= floor * (1 + 1e-12))
+    out, j = [values[n - 1]], n - 1
+    for level in range(k, 0, -1):
+        j = int(back[level - 1][j])
+        out.append(values[j])
+    return sorted(out)
+
+
+def suggest_buckets(lengths: Iterable[int], max_buckets: int = 4) -> list[int]:
+    """The fewest buckets (multiples of 8, at most `max_buckets`) that pad `lengths` least:
+    `fit_buckets` with padded tokens as the cost (the run report's suggestion)."""
+    return fit_buckets(lengths, max_buckets)

@@ -28,6 +28,13 @@ def _isolated_cache(tmp_path, monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def inductor(monkeypatch):
+    """Compile with stock Inductor for CPU (NEURONLOCAL_COMPILER=inductor), for tests of
+    what only that compiler does (its settings per level, its lowering fixes)."""
+    monkeypatch.setenv("NEURONLOCAL_COMPILER", "inductor")
+
+
 def compiles() -> int:
     return torch.neuron.get_dynamo_metrics()["num_graphs"]
 
@@ -157,7 +164,7 @@ def test_static_shapes_compile_once_per_shape():
 
 
 @pytest.mark.parametrize("flags", ["-O1", "--optlevel 2"])
-def test_optimisation_level_sets_inductor_config(monkeypatch, flags):
+def test_optimisation_level_sets_inductor_config(monkeypatch, inductor, flags):
     """NEURON_CC_FLAGS's level picks Inductor's settings (-O1: one C++ file per graph, scalar
     loops, no C++ optimisation); the graph matches CPU forward and backward either way, and
     the caller's own patches win over the level's."""
@@ -190,7 +197,7 @@ def test_optimisation_level_sets_inductor_config(monkeypatch, flags):
     (nn.AvgPool2d(320, ceil_mode=True), (1, 4, 2, 2)),  # EfficientNet's head on a tiny map
     (nn.AvgPool3d(3, ceil_mode=True), (1, 2, 4, 4, 4)),
 ], ids=["1d", "2d", "2d-kernel-over-input", "3d"])
-def test_average_pool_with_ceil_mode_has_eager_gradients(pool, shape):
+def test_average_pool_with_ceil_mode_has_eager_gradients(inductor, pool, shape):
     """Inductor's own average-pool backward divides a last window that overhangs the input by
     the whole kernel (EfficientNet's head, Funnel's pooling); neuron graphs get eager's."""
     torch.manual_seed(0)
@@ -314,6 +321,56 @@ def test_a_parameter_freed_and_gathered_again_before_backward():
         torch.testing.assert_close(got, want)
 
 
+def test_default_compiler_builds_no_code(monkeypatch):
+    """The default compiler runs AOTAutograd's forward and backward graphs on neuron through
+    the eager path: no Inductor compile, the ops tracked as eager ops are, one record with its
+    parts, and a DTensor-like subclass desugared by the same AOTAutograd call."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from neuronlocal.compile import backend
+
+    def no_inductor():
+        raise AssertionError("the default compiler must not call Inductor")
+
+    monkeypatch.setattr(backend, "stock_compile_fx", no_inductor)
+    import torch_neuronx
+
+    torch_neuronx.clear_op_tracking()
+    check_train_step(mlp(), (torch.randn(4, 16),))
+    graph, = torch.neuron.get_dynamo_metrics()["graphs"]
+    assert graph["extra"]["compiler"] == "eager" and graph["cache"] == "miss"
+    assert set(graph["extra"]["parts"]) == {"forward", "backward"}
+    assert "aten::addmm" in torch_neuronx.get_executed_ops()
+    torch._dynamo.reset()
+    a, w = TwoTensor(torch.randn(4, 8), torch.randn(4, 8)), torch.randn(8, 3)
+    x = TwoTensor(a.a.to("neuron"), a.b.to("neuron")).requires_grad_()
+    torch.compile(lambda x, w: (x @ w).relu().sum(), backend="neuron")(
+        x, w.to("neuron")).backward()
+    assert isinstance(x.grad, TwoTensor) and x.grad.a.device.type == "neuron"
+    ref = a.clone().requires_grad_()
+    (ref @ w).relu().sum().backward()
+    torch.testing.assert_close(x.grad.a.cpu(), ref.grad.a)
+
+
+def test_compiled_dropout_draws_what_eager_draws():
+    """After manual_seed, a compiled dropout keeps exactly the elements eager keeps (the
+    default compiler draws from the core's generator, as TorchNeuron's compiled graphs take
+    their masks from the device generator)."""
+    x = torch.ones(4096, device="neuron", requires_grad=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(x * 3, 0.3, training=True)
+
+    torch.manual_seed(7)
+    want = f(x)
+    want.sum().backward()
+    want_grad, x.grad = x.grad.clone(), None
+    torch.manual_seed(7)
+    got = torch.compile(f, backend="neuron")(x)
+    got.sum().backward()
+    assert torch.equal(got.cpu(), want.cpu()) and torch.equal(x.grad.cpu(), want_grad.cpu())
+
+
 def test_dynamic_true_rejected():
     fn = torch.compile(lambda x: x + 1, backend="neuron", dynamic=True)
     with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):
@@ -361,13 +418,20 @@ def test_cpu_inputs_are_copied(monkeypatch):
         torch.compile(lambda x, y: x - y, backend="neuron")(torch.ones(3), torch.ones(3))
 
 
-def test_failure_policy(monkeypatch):
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_failure_policy(monkeypatch, compiler):
     from torch._inductor import lowering
+
+    from neuronlocal.compile import backend
 
     def boom(*args, **kwargs):
         raise RuntimeError("injected codegen failure")
 
-    monkeypatch.setitem(lowering.lowerings, torch.ops.aten.cosh.default, boom)
+    monkeypatch.setenv("NEURONLOCAL_COMPILER", compiler)
+    if compiler == "inductor":
+        monkeypatch.setitem(lowering.lowerings, torch.ops.aten.cosh.default, boom)
+    else:
+        monkeypatch.setattr(backend, "compile_parts", boom)
     f = torch.compile(lambda x: torch.cosh(x) + 1, backend="neuron")
     with pytest.raises(Exception, match="could not compile graph") as info:
         f(torch.randn(3, device="neuron"))
@@ -434,7 +498,7 @@ def test_bucketing():
 
 
 @pytest.mark.parametrize("flags", ["", "-O1"])
-def test_tensor_subclass_inputs_are_desugared(monkeypatch, flags):
+def test_tensor_subclass_inputs_are_desugared(monkeypatch, inductor, flags):
     """A traceable wrapper subclass (TwoTensor here, DTensor in tensor parallelism) goes
     through AOTAutograd first: outputs and gradients come back as the subclass, on neuron,
     matching CPU eager, at either optimisation level (-O1 builds one C++ file per graph from

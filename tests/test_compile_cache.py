@@ -29,6 +29,9 @@ OTHER_UID = 65534  # nobody
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
     monkeypatch.setattr(cache_mod, "_warned", set())
+    # These tests are about the artifacts Inductor keeps in the cache (code that runs in the
+    # process): they compile with Inductor. The default compiler's entries are tested below.
+    monkeypatch.setenv("NEURONLOCAL_COMPILER", "inductor")
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -333,3 +336,14 @@ def test_cache_state_warns_once(tmp_path, monkeypatch):
         NeffCache().state()
     assert len([w for w in seen if "other users" in str(w.message)]) == 1
     assert torch.neuron.is_available()
+
+
+def test_default_compiler_entries_hit_in_a_new_process(tmp_path):
+    """The default compiler leaves an entry per graph and no artifact: a new process reports
+    the graph as a hit (Trainium would skip neuronx-cc) and nothing executable is cached."""
+    env = _env(tmp_path, NEURONLOCAL_COMPILER="eager")
+    assert _compile_in_new_process(env)[0] == ["miss"]
+    assert _compile_in_new_process(env)[0] == ["hit"]
+    entries = list((tmp_path / "neff").glob("*.neff"))
+    assert len(entries) == 1 and json.loads(entries[0].read_text())["files"] == {}
+    assert not [p for p in (tmp_path / "neff").rglob("*") if p.is_file() and p.suffix != ".neff"]

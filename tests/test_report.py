@@ -398,7 +398,7 @@ def test_report_folder_must_be_private_and_files_are_never_followed(tmp_path):
     shared.chmod(0o777)
     proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--report", str(shared),
                            str(path)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "writable by everyone" in proc.stderr
+    assert proc.returncode == 2 and "can be written by other users" in proc.stderr
     assert list(shared.iterdir()) == []
     # A planted symlink is replaced, not written through; the files are the user's only.
     out = tmp_path / "report"
@@ -411,6 +411,31 @@ def test_report_folder_must_be_private_and_files_are_never_followed(tmp_path):
     assert victim.read_text() == "keep me"
     assert not (out / "report.html").is_symlink()
     assert all((p.stat().st_mode & 0o077) == 0 for p in out.iterdir())
+
+
+def test_report_folder_writable_by_the_group_is_refused(tmp_path):
+    from neuronlocal.report import runner
+
+    shared = tmp_path / "group"
+    shared.mkdir()
+    shared.chmod(0o770)
+    with pytest.raises(runner.RunError, match=r"can be written by other users \(mode 770\)"):
+        runner._check_writable(shared)
+    assert list(shared.iterdir()) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a link owned by another user needs root to make")
+def test_report_folder_through_another_users_link_is_refused(tmp_path):
+    from neuronlocal.report import runner
+
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    os.lchown(link, 65534, 65534)  # planted by another user, pointing at the victim's folder
+    with pytest.raises(runner.RunError, match="symbolic link owned by another user"):
+        runner._check_writable(link)
+    assert list(mine.iterdir()) == []
 
 
 def test_dtype_column_is_summarised():

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 import time
 import warnings
@@ -40,6 +39,7 @@ from typing import Any
 
 from neuronlocal.compile.inductor import LOWERING_FIXES
 from neuronlocal.core.config import env_flag, env_seconds, env_str
+from neuronlocal.core.files import private_dir, write_private
 
 ENTRY_SUFFIX = ".neff"
 FORMAT = 2
@@ -89,51 +89,12 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-def private_dir(path: Path, what: str) -> str | None:
-    """Creates `path` (0700) if missing; returns why it must not be used, or None.
-
-    A directory is usable when the current user owns it (and the link, if it is one) and
-    neither group nor others can write it: anything in it may end up executed.
-    """
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        link = os.lstat(path)
-        st = os.stat(path)
-    except OSError as err:
-        return f"{what} {path} cannot be created or read ({err.strerror})"
-    uid = os.getuid()
-    if stat.S_ISLNK(link.st_mode) and link.st_uid != uid:
-        return f"{what} {path} is a symbolic link owned by another user"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{what} {path} is not a directory"
-    if st.st_uid != uid:
-        return f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {uid})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"{what} {path} can be written by other users (mode "
-                f"{stat.S_IMODE(st.st_mode):o}); run `chmod go-w {path}`")
-    return None
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def inside(root: Path, rel: str) -> Path | None:
@@ -324,8 +285,8 @@ class NeffCache:
         files = {str(p.relative_to(root)): _sha256(p) for p in new}  # type: ignore[arg-type]
         entry = {"format": FORMAT, "key": key, "graph_name": graph_name, "files": files,
                  "created": time.time()}
-        atomic_write(self.entry_path(state.root, key),  # type: ignore[arg-type]
-                     json.dumps(entry, indent=1).encode())
+        write_private(self.entry_path(state.root, key),  # type: ignore[arg-type]
+                      json.dumps(entry, indent=1))
 
 
 @contextlib.contextmanager

@@ -170,6 +170,57 @@ def test_corrupt_artifact_inside_is_removed_with_its_entry(tmp_path, monkeypatch
     assert not art.exists() and not (state.root / f"{key}.neff").exists()
 
 
+def test_deeply_nested_entry_is_removed_and_recompiled(tmp_path, monkeypatch):
+    state = _rw_state(tmp_path, monkeypatch)
+    key = "a" * 40
+    (state.root / f"{key}.neff").write_text("[" * 100000 + "]" * 100000)
+    with pytest.warns(UserWarning, match="corrupt.*nested too deeply"):
+        assert NeffCache().lookup(key, state) is None
+    assert not (state.root / f"{key}.neff").exists()
+
+
+def test_huge_entry_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    import tracemalloc
+
+    state = _rw_state(tmp_path, monkeypatch)
+    key = "b" * 40
+    with (state.root / f"{key}.neff").open("wb") as f:
+        f.truncate(2**30)  # 1 GiB (sparse)
+    tracemalloc.start()
+    try:
+        with pytest.warns(UserWarning, match="corrupt.*more than"):
+            assert NeffCache().lookup(key, state) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
+    assert not (state.root / f"{key}.neff").exists()
+
+
+def test_verified_entry_is_served_while_another_process_holds_the_lock(tmp_path, monkeypatch):
+    """A stuck compile of the same graph never blocks a warm hit: the entry is looked up
+    before the lock is taken."""
+    state = _rw_state(tmp_path, monkeypatch)
+    key = "9" * 40
+    entry = {"format": cache_mod.FORMAT, "key": key, "graph_name": "g", "created": 0,
+             "files": {}}
+    (state.root / f"{key}.neff").write_text(json.dumps(entry))
+    (tmp_path / "locks").mkdir(mode=0o700)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "30")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path / "locks" /
+                                                               f"{key}.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t = time.monotonic()
+        with NeffCache().claim(key, state) as found:
+            assert found is not None and found.graph_name == "g"
+        assert time.monotonic() - t < 5
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_lock_file_symlink_is_not_followed(tmp_path, monkeypatch):
     state = _rw_state(tmp_path, monkeypatch)
     (tmp_path / "locks").mkdir(mode=0o700)

@@ -39,7 +39,7 @@ from typing import Any
 
 from neuronlocal.compile.inductor import LOWERING_FIXES
 from neuronlocal.core.config import env_flag, env_seconds, env_str
-from neuronlocal.core.files import private_dir, write_private
+from neuronlocal.core.files import private_dir, read_json, write_private
 
 ENTRY_SUFFIX = ".neff"
 FORMAT = 2
@@ -47,6 +47,7 @@ FORMAT = 2
 # before a fix are never served.
 INDUCTOR_DIR = f"inductor-{LOWERING_FIXES}"
 _KEY = re.compile(r"^[0-9a-f]{16,64}$")
+MAX_ENTRY_BYTES = 2**20  # an entry names a graph's artifact files and their digests
 
 
 def _user() -> str:
@@ -233,10 +234,12 @@ class NeffCache:
         if state.root is None:
             return None
         path = self.entry_path(state.root, key)
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
         try:
-            raw = json.loads(path.read_bytes())
+            raw = read_json(path, MAX_ENTRY_BYTES)
+            if not isinstance(raw, dict) or not isinstance(raw.get("files"), dict):
+                raise ValueError("not an entry")
             if raw.get("format") != FORMAT or raw.get("key") != key:
                 raise ValueError("wrong format or key")
             entry = Entry(key, str(raw["graph_name"]), dict(raw["files"]), float(raw["created"]))
@@ -246,7 +249,7 @@ class NeffCache:
                     raise ValueError(f"artifact name {rel!r} points outside the cache")
                 if not f.is_file() or f.is_symlink() or _sha256(f) != digest:
                     raise ValueError(f"artifact {rel} is missing or its checksum differs")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        except Exception as err:  # noqa: BLE001 - any failure: remove it and recompile
             _warn_once(f"neuron compile cache entry {path} is corrupt ({err}); "
                        "recompiling." + (" Removing it." if state.mode == "rw" else ""))
             if state.mode == "rw":
@@ -254,14 +257,24 @@ class NeffCache:
             return None
         return entry
 
+    @contextlib.contextmanager
+    def claim(self, key: str, state: State) -> Iterator[Entry | None]:
+        """The verified entry of `key` (None: compile it), holding the compile lock only
+        when there is no entry yet: a warm hit never waits for a stuck compiler."""
+        entry = self.lookup(key, state)
+        if entry is not None:
+            yield entry
+            return
+        with self.lock(key, state):
+            yield self.lookup(key, state)
+
     def remove(self, key: str, state: State) -> None:
         """Removes an entry and the artifacts it names (only files inside the cache)."""
         if state.root is None:
             return
         path = self.entry_path(state.root, key)
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            raw = json.loads(path.read_bytes())
-            for rel in raw.get("files", {}):
+        with contextlib.suppress(Exception):
+            for rel in read_json(path, MAX_ENTRY_BYTES).get("files", {}):
                 f = inside(state.inductor_dir, rel)  # type: ignore[arg-type]
                 if f is not None and not f.is_symlink():
                     with contextlib.suppress(OSError):

@@ -21,6 +21,7 @@ import torch
 
 from neuronlocal.compile import cache as cache_mod
 from neuronlocal.compile.cache import INDUCTOR_DIR, CacheLockTimeout, NeffCache, State
+from neuronlocal.core import files
 
 pytestmark = pytest.mark.timeout(900)
 OTHER_UID = 65534  # nobody
@@ -219,6 +220,75 @@ def test_verified_entry_is_served_while_another_process_holds_the_lock(tmp_path,
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize("mode", ["rw", "off"])
+def test_inductor_folders_outside_its_cache_dir_are_redirected(tmp_path, monkeypatch, mode):
+    """Inductor keeps precompiled headers (and their locks) in `default_cache_dir()`, a fixed
+    temp path that ignores TORCHINDUCTOR_CACHE_DIR; a neuron compile sees them, like every
+    other Inductor folder, inside the private cache (or the private uncached folder)."""
+    from torch._inductor import codecache
+    from torch._inductor.runtime import runtime_utils
+
+    from neuronlocal.compile.cache import inductor_dirs
+
+    shared = runtime_utils.default_cache_dir()
+    if mode == "off":
+        monkeypatch.setenv("TORCH_NEURONX_DISABLE_NEFF_CACHE", "1")
+    cache = NeffCache()
+    state = _rw_state(tmp_path, monkeypatch) if mode == "rw" else cache.state()
+    with inductor_dirs(cache, state, cacheable=True):
+        target = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        assert files.private_dir(target, "target", create=False) is None
+        seen = [codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR,
+                runtime_utils.default_cache_dir(), codecache.default_cache_dir(),
+                codecache.get_lock_dir()]
+        headers = cache_mod.header_dir()
+        assert files.private_dir(headers, "headers", create=False) is None
+        for path in seen[:2]:
+            assert Path(path).resolve().is_relative_to(headers.resolve()), path
+        for path in seen[2:]:
+            assert Path(path).resolve().is_relative_to(target.resolve()), path
+        assert codecache._precompile_header is not cache_mod._STOCK_PRECOMPILE
+    assert codecache._HEADER_DIR == os.path.join(shared, "precompiled_headers")
+    assert runtime_utils.default_cache_dir() == shared
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("disabled", ["0", "1"])
+def test_planted_header_folder_is_never_used(tmp_path, disabled):
+    """Another user pre-creates Inductor's shared header folder (mode 777); a neuron compile
+    neither reads nor writes it, with the cache on or off."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    user = subprocess.run([sys.executable, "-c", "import getpass; print(getpass.getuser())"],
+                          capture_output=True, text=True).stdout.strip()
+    planted = tmp / f"torchinductor_{user}" / "precompiled_headers"
+    planted.mkdir(parents=True)
+    for d in (planted.parent, planted):
+        d.chmod(0o777)
+    (planted / "locks").mkdir(mode=0o777)
+    env = _env(tmp_path, TMPDIR=str(tmp), TORCH_NEURONX_DISABLE_NEFF_CACHE=disabled,
+               TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="1")
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    caches, err = _compile_in_new_process(env)
+    assert caches, err
+    assert _files(planted.parent) == set(), _files(planted.parent)
+    assert any(p.suffix == ".gch" for p in _files(tmp / f"neuron_headers_{user}"))
+
+
+def test_header_folder_others_can_write_turns_precompiled_headers_off(tmp_path, monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    from neuronlocal.compile.cache import inductor_dirs
+
+    monkeypatch.setattr(cache_mod, "header_dir", lambda: tmp_path / "headers")
+    (tmp_path / "headers").mkdir(mode=0o777)
+    (tmp_path / "headers").chmod(0o777)
+    state = _rw_state(tmp_path, monkeypatch)
+    with pytest.warns(UserWarning, match="precompile no headers.*can be written by other"):
+        with inductor_dirs(NeffCache(), state, cacheable=True):
+            assert inductor_config.cpp_cache_precompile_headers is False
 
 
 def test_lock_file_symlink_is_not_followed(tmp_path, monkeypatch):

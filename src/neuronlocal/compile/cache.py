@@ -302,9 +302,62 @@ class NeffCache:
                       json.dumps(entry, indent=1))
 
 
+_STOCK_PRECOMPILE: Any = None  # Inductor's own _precompile_header, before any patch
+_PRECOMPILE_IN: dict[str, Any] = {}
+
+
+def _precompile_header_in(header_dir: str) -> Any:
+    """Inductor's header precompiler with its memo kept per header folder, so a header a
+    stock compile made in the shared folder is never handed to a neuron compile."""
+    import functools
+
+    from torch._inductor import codecache
+
+    global _STOCK_PRECOMPILE
+    if _STOCK_PRECOMPILE is None:
+        _STOCK_PRECOMPILE = codecache._precompile_header
+    if header_dir not in _PRECOMPILE_IN:
+        _PRECOMPILE_IN[header_dir] = functools.cache(_STOCK_PRECOMPILE.__wrapped__)
+    return _PRECOMPILE_IN[header_dir]
+
+
+def header_dir() -> Path:
+    """Precompiled headers of neuron compiles: one private folder per user (headers depend
+    only on the compiler and its flags, so every cache directory shares them)."""
+    return Path(tempfile.gettempdir()) / f"neuron_headers_{_user()}"
+
+
+def _private_inductor_paths(target: Path) -> contextlib.ExitStack:
+    """Inductor's folders that ignore TORCHINDUCTOR_CACHE_DIR (precompiled headers and their
+    locks, kept in `default_cache_dir()`, a predictable temp path anyone can pre-create and
+    fill) pointed at private folders: `header_dir()` (checked like the cache; refused, no
+    header is precompiled) and `target`."""
+    from unittest import mock
+
+    from torch._inductor import codecache
+    from torch._inductor import config as inductor_config
+    from torch._inductor.runtime import cache_dir_utils, runtime_utils
+
+    headers = header_dir()
+    stack = contextlib.ExitStack()
+    problem = private_dir(headers, "the precompiled-header folder")
+    if problem:
+        _warn_once(f"neuron compiles precompile no headers: {problem}.")
+        stack.enter_context(inductor_config.patch(cpp_cache_precompile_headers=False))
+    for module in (codecache, runtime_utils, cache_dir_utils):
+        stack.enter_context(mock.patch.object(module, "default_cache_dir", lambda: str(target)))
+    stack.enter_context(mock.patch.object(codecache, "_HEADER_DIR", str(headers)))
+    stack.enter_context(mock.patch.object(codecache, "_HEADER_LOCK_DIR", str(headers / "locks")))
+    stack.enter_context(mock.patch.object(codecache, "_precompile_header",
+                                          _precompile_header_in(str(headers))))
+    return stack
+
+
 @contextlib.contextmanager
 def inductor_dirs(cache: NeffCache, state: State, cacheable: bool) -> Iterator[None]:
-    """Points Inductor's caches at the NEFF cache (or at a private directory, uncached).
+    """Points every folder Inductor reads or writes at the NEFF cache (or at a private
+    directory, uncached): its caches, kernel and lock folders through
+    TORCHINDUCTOR_CACHE_DIR, its precompiled headers at `header_dir()`.
 
     `cacheable`: whether this compile may read the persistent cache (a read-only cache
     serves hits only; a miss there compiles in a private directory).
@@ -320,7 +373,8 @@ def inductor_dirs(cache: NeffCache, state: State, cacheable: bool) -> Iterator[N
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(target)
     try:
         with inductor_config.patch(force_disable_caches=use is None), \
-                functorch_config.patch(enable_autograd_cache=use is not None):
+                functorch_config.patch(enable_autograd_cache=use is not None), \
+                _private_inductor_paths(target):
             yield
     finally:
         if old is None:

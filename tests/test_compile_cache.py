@@ -3,6 +3,7 @@ read-only and disabled caches, concurrent ranks, killed compilers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -289,6 +290,45 @@ def test_header_folder_others_can_write_turns_precompiled_headers_off(tmp_path, 
     with pytest.warns(UserWarning, match="precompile no headers.*can be written by other"):
         with inductor_dirs(NeffCache(), state, cacheable=True):
             assert inductor_config.cpp_cache_precompile_headers is False
+
+
+_COMPILER_CHILD = """
+import os, sys, tempfile
+from torch._inductor import cpp_builder
+from neuronlocal.compile.cache import NeffCache, inductor_dirs
+cache = NeffCache()
+with inductor_dirs(cache, cache.state(), cacheable=True):
+    print(os.getpid(), flush=True)
+    cpp_builder._run_compile_cmd("sleep 300", tempfile.gettempdir())  # stands in for g++
+"""
+
+
+def test_compiler_child_dies_with_a_killed_compile(tmp_path):
+    """kill -9 of a process compiling a graph takes its C++ compiler with it."""
+    proc = subprocess.Popen([sys.executable, "-c", _COMPILER_CHILD], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, **_env(tmp_path)})
+    try:
+        pid = int(proc.stdout.readline())
+        deadline = time.monotonic() + 60
+        children: list[int] = []
+        while not children and time.monotonic() < deadline:
+            children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                        for c in (t / "children").read_text().split()]
+            time.sleep(0.1)
+        assert children, "the compiler never started"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{children[0]}").exists() and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(children[0], os.WNOHANG)
+        status = Path(f"/proc/{children[0]}/stat")
+        if status.exists() and status.read_text().split()[2] == "Z":
+            break  # a zombie: dead, waiting for its new parent to reap it
+        time.sleep(0.1)
+    alive = Path(f"/proc/{children[0]}/stat")
+    assert not alive.exists() or alive.read_text().split()[2] == "Z", "the compiler outlived it"
 
 
 def test_lock_file_symlink_is_not_followed(tmp_path, monkeypatch):

@@ -29,8 +29,10 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
+import types
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from typing import Any
 from neuronlocal.compile.inductor import LOWERING_FIXES
 from neuronlocal.core.config import env_flag, env_seconds, env_str
 from neuronlocal.core.files import private_dir, read_json, write_private
+from neuronlocal.core.process import killed_with_parent
 
 ENTRY_SUFFIX = ".neff"
 FORMAT = 2
@@ -327,14 +330,27 @@ def header_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"neuron_headers_{_user()}"
 
 
+class _CompilerProcesses(types.ModuleType):
+    """`subprocess` as Inductor's C++ builder sees it during a neuron compile: g++ is killed
+    when this process dies (kill -9 included) instead of running on orphaned."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def run(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("preexec_fn", killed_with_parent)
+        return subprocess.run(*args, **kwargs)
+
+
 def _private_inductor_paths(target: Path) -> contextlib.ExitStack:
     """Inductor's folders that ignore TORCHINDUCTOR_CACHE_DIR (precompiled headers and their
     locks, kept in `default_cache_dir()`, a predictable temp path anyone can pre-create and
     fill) pointed at private folders: `header_dir()` (checked like the cache; refused, no
-    header is precompiled) and `target`."""
+    header is precompiled) and `target`; and the C++ compiler killed with this process."""
     from unittest import mock
 
-    from torch._inductor import codecache
+    from torch._inductor import codecache, cpp_builder
     from torch._inductor import config as inductor_config
     from torch._inductor.runtime import cache_dir_utils, runtime_utils
 
@@ -346,6 +362,8 @@ def _private_inductor_paths(target: Path) -> contextlib.ExitStack:
         stack.enter_context(inductor_config.patch(cpp_cache_precompile_headers=False))
     for module in (codecache, runtime_utils, cache_dir_utils):
         stack.enter_context(mock.patch.object(module, "default_cache_dir", lambda: str(target)))
+    stack.enter_context(mock.patch.object(cpp_builder, "subprocess",
+                                          _CompilerProcesses("subprocess")))
     stack.enter_context(mock.patch.object(codecache, "_HEADER_DIR", str(headers)))
     stack.enter_context(mock.patch.object(codecache, "_HEADER_LOCK_DIR", str(headers / "locks")))
     stack.enter_context(mock.patch.object(codecache, "_precompile_header",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronlocal.core.files import write_private
+from neuronlocal.core.process import die_with_parent
 from neuronlocal.report import collect
 
 SNAPSHOT_SECONDS = 2.0  # between snapshots, or longer: a snapshot takes at most 2% of the run
@@ -181,7 +182,7 @@ def main() -> None:
     a = p.parse_args()
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     argv = [a.module, *args] if a.module else args
-    runner.die_with_parent()
+    die_with_parent()
     sys.exit(run(argv, a.module, a.report, a.state, a.run_id, runner.write))
 
 

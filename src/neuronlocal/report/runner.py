@@ -15,7 +15,6 @@ complete page (and prints the merged summary).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import glob
 import logging
@@ -37,7 +36,6 @@ log = logging.getLogger("neuronlocal.report")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2)
 _FROM_TERMINAL = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-_PR_SET_PDEATHSIG = 1
 
 
 class RunError(Exception):
@@ -68,23 +66,19 @@ def _check_writable(out: Path) -> bool:
     be able to redirect.
     """
     created = not os.path.lexists(out)
-    problem = private_dir(out, "the report folder")
-    if problem:
-        raise RunError(f"neuronlocal run: {problem}; pass --report with a folder of your "
-                       "own.")
     try:
-        with tempfile.TemporaryFile(dir=out):
-            pass
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = private_dir(out, "the report folder", create=False)
+        if problem is None:
+            with tempfile.TemporaryFile(dir=out):
+                pass
     except OSError as e:
         raise RunError(f"neuronlocal run: cannot write the report to {out}/: "
                        f"{e.strerror or e}; pass --report with a writable directory.") from None
+    if problem:
+        raise RunError(f"neuronlocal run: {problem}; pass --report with a folder of your "
+                       "own.")
     return created
-
-
-def die_with_parent() -> None:
-    """Linux: the child gets SIGTERM if the supervisor dies, so it never runs orphaned."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def _terminal_sent_it_to_both() -> bool:

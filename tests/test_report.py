@@ -441,3 +441,24 @@ def test_report_folder_through_another_users_link_is_refused(tmp_path):
 def test_dtype_column_is_summarised():
     assert render.dtypes_summary(["torch.int64"] + ["torch.float32"] * 19) == "int64, 19 x float32"
     assert render.dtypes_summary([]) == ""
+
+
+def test_sigkill_report_says_when_the_host_oom_killer_may_have_sent_it(tmp_path, monkeypatch):
+    import signal
+
+    from neuronlocal.core import hardware
+    from neuronlocal.report import runner
+
+    written: list[dict] = []
+    monkeypatch.setattr(runner, "write", lambda out, rep, quiet=False: written.append(rep))
+    monkeypatch.setattr(os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                     "SC_PHYS_PAGES": 2**18}[name])  # 1 GiB
+    state = tmp_path / ".state.json"
+    state.write_text(json.dumps({"status": "running", "report": {"run": {"seconds": 1.0}}}))
+    assert runner._report_for_child(tmp_path, state, -signal.SIGKILL, 2.0, True) == 137
+    message = written[0]["run"]["error"]["message"]
+    assert "killed by SIGKILL" in message and "OOM killer" in message
+    assert hardware.host_memory_note(hardware.profile(hardware.Config())) in message
+    state.write_text(json.dumps({"status": "running", "report": {"run": {"seconds": 1.0}}}))
+    runner._report_for_child(tmp_path, state, -signal.SIGSEGV, 2.0, True)
+    assert "OOM killer" not in written[1]["run"]["error"]["message"]

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.core import hardware
+from neuronlocal.core import state as core_state
 from neuronlocal.core.files import private_dir, read_json, temp_prefix, write_private
 from neuronlocal.report import render
 
@@ -137,8 +139,11 @@ def _report_for_child(out: Path, state: Path, status: int, seconds: float, quiet
             if status < 0:
                 name = _signal_name(-status)
                 how = f"killed by {name}"
+                note = hardware.host_memory_note(core_state.profile) \
+                    if -status == signal.SIGKILL else None
                 error = {"type": name, "traceback": "",
-                         "message": f"the process was {how} after {seconds:.1f} s; {last}"}
+                         "message": f"the process was {how} after {seconds:.1f} s; {last}"
+                                    + (f" (if memory ran out: {note})" if note else "")}
             else:
                 how = f"exit {code} without writing its report"
                 error = {"type": "Exit", "traceback": "",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from neuronlocal import cli
 from neuronlocal.core.config import env_table_markdown
 
@@ -22,3 +24,65 @@ def test_demo(capsys):
 def test_readme_env_table_is_current():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert env_table_markdown() in readme
+
+
+# ---- bad input: exit 2 and one line, for every command ----------------------------------------
+
+_BAD_CONFIG = {"model_type": "llama", "num_attention_heads": 0, "hidden_size": 64,
+               "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 100}
+
+
+def _exit_and_output(argv: list[str], capsys) -> tuple[int, list[str]]:
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's own exit
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    return code, [ln for ln in (captured.out + captured.err).splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("fields", [{"num_attention_heads": 0}, {"hidden_size": -64},
+                                    {"num_hidden_layers": 1e400}, {"vocab_size": "many"},
+                                    {"num_key_value_heads": 2**70}])
+@pytest.mark.parametrize("command", ["check", "estimate"])
+def test_a_config_with_impossible_sizes_is_bad_input(tmp_path, capsys, command, fields):
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**_BAD_CONFIG, "num_attention_heads": 4, **fields}))
+    argv = ["check", "--config", str(path)] if command == "check" else ["estimate", str(path)]
+    code, lines = _exit_and_output(argv, capsys)
+    assert code == 2, lines
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert lines[0].startswith("error: ") and str(path) in lines[0], lines
+    assert next(iter(fields)) in lines[0], lines
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--price-per-hour", "-5"], "--price-per-hour"),
+    (["--price-per-hour", "nan"], "--price-per-hour"),
+    (["--price-per-hour", "inf"], "--price-per-hour"),
+    (["--seq", "999999999999"], "--seq"),
+    (["--seq", "0"], "--seq"),
+    (["--global-batch", "0"], "--global-batch"),
+    (["--batch", "-1"], "--batch"),
+    (["--ctx", "-1"], "--ctx"),
+    (["--tp", "0"], "--tp"),
+    (["--nodes", "99999999999999999999"], "--nodes"),
+    (["--instance", "trn1.32xlarge", "--lnc", "2"], "LNC=2"),
+])
+def test_estimate_options_out_of_range_are_one_line_exit_2(capsys, args, needle):
+    code, lines = _exit_and_output(["estimate", "llama-3.1-8b", *args], capsys)
+    assert code == 2, lines
+    assert len(lines) == 1 and needle in lines[0], lines
+
+
+@pytest.mark.parametrize("args", [["--jobs", "0"], ["--timeout", "nan"], ["--timeout", "-1"],
+                                  ["--max-memory", "inf"], ["--task", "nope"]])
+def test_support_options_out_of_range_are_one_line_exit_2(capsys, monkeypatch, args):
+    from neuronlocal.support import matrix
+
+    monkeypatch.setattr(matrix, "run_one", lambda *a, **k: pytest.fail("ran a model"))
+    code, lines = _exit_and_output(["support", *args], capsys)
+    assert code == 2, lines
+    assert len(lines) == 1 and args[0] in lines[0], lines

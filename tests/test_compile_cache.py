@@ -3,6 +3,7 @@ read-only and disabled caches, concurrent ranks, killed compilers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import torch
 
 from neuronlocal.compile import cache as cache_mod
 from neuronlocal.compile.cache import INDUCTOR_DIR, CacheLockTimeout, NeffCache, State
+from neuronlocal.core import files
 
 pytestmark = pytest.mark.timeout(900)
 OTHER_UID = 65534  # nobody
@@ -171,6 +173,165 @@ def test_corrupt_artifact_inside_is_removed_with_its_entry(tmp_path, monkeypatch
     with pytest.warns(UserWarning, match="checksum differs"):
         assert NeffCache().lookup(key, state) is None
     assert not art.exists() and not (state.root / f"{key}.neff").exists()
+
+
+def test_deeply_nested_entry_is_removed_and_recompiled(tmp_path, monkeypatch):
+    state = _rw_state(tmp_path, monkeypatch)
+    key = "a" * 40
+    (state.root / f"{key}.neff").write_text("[" * 100000 + "]" * 100000)
+    with pytest.warns(UserWarning, match="corrupt.*nested too deeply"):
+        assert NeffCache().lookup(key, state) is None
+    assert not (state.root / f"{key}.neff").exists()
+
+
+def test_huge_entry_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    import tracemalloc
+
+    state = _rw_state(tmp_path, monkeypatch)
+    key = "b" * 40
+    with (state.root / f"{key}.neff").open("wb") as f:
+        f.truncate(2**30)  # 1 GiB (sparse)
+    tracemalloc.start()
+    try:
+        with pytest.warns(UserWarning, match="corrupt.*more than"):
+            assert NeffCache().lookup(key, state) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
+    assert not (state.root / f"{key}.neff").exists()
+
+
+def test_verified_entry_is_served_while_another_process_holds_the_lock(tmp_path, monkeypatch):
+    """A stuck compile of the same graph never blocks a warm hit: the entry is looked up
+    before the lock is taken."""
+    state = _rw_state(tmp_path, monkeypatch)
+    key = "9" * 40
+    entry = {"format": cache_mod.FORMAT, "key": key, "graph_name": "g", "created": 0,
+             "files": {}}
+    (state.root / f"{key}.neff").write_text(json.dumps(entry))
+    (tmp_path / "locks").mkdir(mode=0o700)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "30")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path / "locks" /
+                                                               f"{key}.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t = time.monotonic()
+        with NeffCache().claim(key, state) as found:
+            assert found is not None and found.graph_name == "g"
+        assert time.monotonic() - t < 5
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("mode", ["rw", "off"])
+def test_inductor_folders_outside_its_cache_dir_are_redirected(tmp_path, monkeypatch, mode):
+    """Inductor keeps precompiled headers (and their locks) in `default_cache_dir()`, a fixed
+    temp path that ignores TORCHINDUCTOR_CACHE_DIR; a neuron compile sees them, like every
+    other Inductor folder, inside the private cache (or the private uncached folder)."""
+    from torch._inductor import codecache
+    from torch._inductor.runtime import runtime_utils
+
+    from neuronlocal.compile.cache import inductor_dirs
+
+    shared = runtime_utils.default_cache_dir()
+    if mode == "off":
+        monkeypatch.setenv("TORCH_NEURONX_DISABLE_NEFF_CACHE", "1")
+    cache = NeffCache()
+    state = _rw_state(tmp_path, monkeypatch) if mode == "rw" else cache.state()
+    with inductor_dirs(cache, state, cacheable=True):
+        target = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        assert files.private_dir(target, "target", create=False) is None
+        seen = [codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR,
+                runtime_utils.default_cache_dir(), codecache.default_cache_dir(),
+                codecache.get_lock_dir()]
+        headers = cache_mod.header_dir()
+        assert files.private_dir(headers, "headers", create=False) is None
+        for path in seen[:2]:
+            assert Path(path).resolve().is_relative_to(headers.resolve()), path
+        for path in seen[2:]:
+            assert Path(path).resolve().is_relative_to(target.resolve()), path
+        assert codecache._precompile_header is not cache_mod._STOCK_PRECOMPILE
+    assert codecache._HEADER_DIR == os.path.join(shared, "precompiled_headers")
+    assert runtime_utils.default_cache_dir() == shared
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("disabled", ["0", "1"])
+def test_planted_header_folder_is_never_used(tmp_path, disabled):
+    """Another user pre-creates Inductor's shared header folder (mode 777); a neuron compile
+    neither reads nor writes it, with the cache on or off."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    user = subprocess.run([sys.executable, "-c", "import getpass; print(getpass.getuser())"],
+                          capture_output=True, text=True).stdout.strip()
+    planted = tmp / f"torchinductor_{user}" / "precompiled_headers"
+    planted.mkdir(parents=True)
+    for d in (planted.parent, planted):
+        d.chmod(0o777)
+    (planted / "locks").mkdir(mode=0o777)
+    env = _env(tmp_path, TMPDIR=str(tmp), TORCH_NEURONX_DISABLE_NEFF_CACHE=disabled,
+               TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="1")
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    caches, err = _compile_in_new_process(env)
+    assert caches, err
+    assert _files(planted.parent) == set(), _files(planted.parent)
+    assert any(p.suffix == ".gch" for p in _files(tmp / f"neuron_headers_{user}"))
+
+
+def test_header_folder_others_can_write_turns_precompiled_headers_off(tmp_path, monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    from neuronlocal.compile.cache import inductor_dirs
+
+    monkeypatch.setattr(cache_mod, "header_dir", lambda: tmp_path / "headers")
+    (tmp_path / "headers").mkdir(mode=0o777)
+    (tmp_path / "headers").chmod(0o777)
+    state = _rw_state(tmp_path, monkeypatch)
+    with pytest.warns(UserWarning, match="precompile no headers.*can be written by other"):
+        with inductor_dirs(NeffCache(), state, cacheable=True):
+            assert inductor_config.cpp_cache_precompile_headers is False
+
+
+_COMPILER_CHILD = """
+import os, sys, tempfile
+from torch._inductor import cpp_builder
+from neuronlocal.compile.cache import NeffCache, inductor_dirs
+cache = NeffCache()
+with inductor_dirs(cache, cache.state(), cacheable=True):
+    print(os.getpid(), flush=True)
+    cpp_builder._run_compile_cmd("sleep 300", tempfile.gettempdir())  # stands in for g++
+"""
+
+
+def test_compiler_child_dies_with_a_killed_compile(tmp_path):
+    """kill -9 of a process compiling a graph takes its C++ compiler with it."""
+    proc = subprocess.Popen([sys.executable, "-c", _COMPILER_CHILD], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, **_env(tmp_path)})
+    try:
+        pid = int(proc.stdout.readline())
+        deadline = time.monotonic() + 60
+        children: list[int] = []
+        while not children and time.monotonic() < deadline:
+            children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                        for c in (t / "children").read_text().split()]
+            time.sleep(0.1)
+        assert children, "the compiler never started"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{children[0]}").exists() and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(children[0], os.WNOHANG)
+        status = Path(f"/proc/{children[0]}/stat")
+        if status.exists() and status.read_text().split()[2] == "Z":
+            break  # a zombie: dead, waiting for its new parent to reap it
+        time.sleep(0.1)
+    alive = Path(f"/proc/{children[0]}/stat")
+    assert not alive.exists() or alive.read_text().split()[2] == "Z", "the compiler outlived it"
 
 
 def test_lock_file_symlink_is_not_followed(tmp_path, monkeypatch):

@@ -37,10 +37,12 @@ BAD: dict[str, list[str]] = {
     "instance": ["trn9.huge", "p5.48xlarge"],
     "choice": ["3", "0", "two"],
     "cores": ["99", "0-99", "3-1", "a", "0,0", "0-3,"],
-    "size": ["0", "lots", "-5MiB", "2XB", "nan"],
+    # values outside every C type's range: int64, uint64, double (1e400 is inf)
+    "size": ["0", "lots", "-5MiB", "2XB", "nan", "9223372036854775808", "1e19", "1e400",
+             "18446744073709551616", "-9223372036854775809", "inf", "99999999999GiB"],
     "flag": ["maybe", "2", "yes please"],
-    "seconds": ["soon", "-1", "inf", "nan"],
-    "level": ["banana", "-1", "3.5"],
+    "seconds": ["soon", "-1", "inf", "nan", "1e400", "1e19"],
+    "level": ["banana", "-1", "3.5", "99", "4", "9223372036854775808"],
     "ccflags": ["-O7", "--optlevel fast", "--target trn2 -O", "--optlevel", "'-O1"],
 }
 GOOD: dict[str, list[str]] = {
@@ -50,7 +52,7 @@ GOOD: dict[str, list[str]] = {
     "size": ["2GiB", "512MiB", "1000000", "10MiB"],
     "flag": ["1", "0", "TRUE", "off", "Yes", ""],
     "seconds": ["0", "600", "2.5"],
-    "level": ["0", "3", "7"],
+    "level": ["0", "3", " 2 "],
     "ccflags": ["-O1", "--optlevel 1", "--optlevel=3 --model-type transformer",
                 "--target trn2 -O2", ""],
 }
@@ -124,9 +126,9 @@ def test_values_parse_to_the_config():
                                     "NEURON_RT_VISIBLE_CORES": "4-7",
                                     "NEURONLOCAL_HBM_PER_CORE": "512MiB",
                                     "NEURONLOCAL_DOWNCAST_64BIT": "off",
-                                    "NEURONLOCAL_STRICT": "on", "TORCH_NEURONX_LOG_LEVEL": "9"})
+                                    "NEURONLOCAL_STRICT": "on", "TORCH_NEURONX_LOG_LEVEL": "2"})
     assert err is None
-    assert (cfg.lnc, cfg.downcast_64bit, cfg.strict, cfg.log_level) == (1, False, True, 3)
+    assert (cfg.lnc, cfg.downcast_64bit, cfg.strict, cfg.log_level) == (1, False, True, 2)
     assert prof.visible == (4, 5, 6, 7) and prof.hbm_per_core == 512 * 2**20
 
 
@@ -263,6 +265,28 @@ def test_bad_variable_never_breaks_import_and_fails_first_use(fresh_python, var)
         if use not in ("compile",):  # Dynamo wraps backend errors in its own lines
             assert "\n" not in msg.strip(), (use, msg)
     assert out["transformers"] == [False, False]
+
+
+@pytest.mark.parametrize("raw", ["9223372036854775808", "1e19", "1e400"])
+def test_sizes_outside_every_c_range_never_break_import(fresh_python, raw):
+    """A size past int64 (or a double's range) is refused like any bad value: the import
+    works and the device's first use names the variable."""
+    r = fresh_python("import torch\n"
+                     "print(torch.ones(2).sum().item(), torch.neuron.is_available())\n"
+                     "try:\n    torch.ones(1, device='neuron')\n"
+                     "except RuntimeError as e:\n    print('ERR', e)\n",
+                     env={"NEURONLOCAL_HBM_PER_CORE": raw})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Failed to load the backend extension" not in r.stderr, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[0] == "2.0 False", r.stdout
+    assert lines[1].startswith(f"ERR neuron device unavailable: NEURONLOCAL_HBM_PER_CORE={raw!r} "
+                               "is not a size"), lines
+
+
+def test_log_level_above_the_range_is_refused_with_the_range():
+    _, _, err = hardware.load({"TORCH_NEURONX_LOG_LEVEL": "99"})
+    assert err is not None and f"use 0 (off) to {3} (debug)" in str(err)
 
 
 def test_text_variables_and_autoload_switch_never_break_import(fresh_python):

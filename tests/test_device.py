@@ -115,3 +115,34 @@ def _dropout_matches_cpu_after_seed() -> bool:
     torch.manual_seed(2)
     got = torch.nn.functional.dropout(torch.ones(64, device="neuron"), 0.5)
     return bool(torch.equal(got.cpu(), want))
+
+
+_FORK_LOADER = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class OnNeuron(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i), device="neuron"), torch.nn.Parameter(
+            torch.ones(1, device="neuron"))
+
+
+loader = DataLoader(OnNeuron(), batch_size=None, num_workers=2, timeout=30,
+                    multiprocessing_context="fork")
+got = [(x.device.type, x.tolist(), type(p).__name__, p.device.type) for x, p in loader]
+print(got)
+"""
+
+
+def test_fork_dataloader_workers_returning_neuron_tensors_never_hang(fresh_python):
+    """A forked worker's neuron tensors reach the main process on neuron (the worker sends
+    them as shared CPU memory); the DataLoader timeout bounds the test if that breaks."""
+    r = fresh_python(_FORK_LOADER, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "only available on CPU" not in r.stderr, r.stderr[-3000:]
+    got = eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own printed list
+    assert got == [("neuron", [float(i)] * 2, "Parameter", "neuron") for i in range(6)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from neuronlocal.core import hardware
@@ -55,3 +57,25 @@ def test_env_selects_profile(fresh_python):
                           "NEURON_RT_VISIBLE_CORES": "4-7"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["4", str(12 * GiB)]
+
+
+def test_hbm_above_host_memory_is_said_with_the_fix(monkeypatch):
+    """The default HBM per core can exceed this host's RAM: then the host's OOM killer may end
+    a process before neuron's OutOfMemoryError, and the note says so with a size that fits."""
+    import os
+
+    from neuronlocal.core import hardware as hw
+
+    prof = hw.profile(Config.from_env({}))
+    total = prof.hbm_per_core * prof.device_count
+    monkeypatch.setattr(os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                     "SC_PHYS_PAGES": total // 2 // 4096}[name])
+    note = hw.host_memory_note(prof)
+    assert note is not None and "OOM killer" in note and "NEURONLOCAL_HBM_PER_CORE" in note
+    fix = re.search(r"NEURONLOCAL_HBM_PER_CORE=(\d+)MiB", note)
+    assert fix, note
+    fitted = hw.profile(Config.from_env({"NEURONLOCAL_HBM_PER_CORE": fix.group(0).split("=")[1]}))
+    assert hw.host_memory_note(fitted) is None  # the advice, applied, silences the note
+    monkeypatch.setattr(os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                     "SC_PHYS_PAGES": 2 * total // 4096}[name])
+    assert hw.host_memory_note(prof) is None

@@ -398,7 +398,7 @@ def test_report_folder_must_be_private_and_files_are_never_followed(tmp_path):
     shared.chmod(0o777)
     proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--report", str(shared),
                            str(path)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "writable by everyone" in proc.stderr
+    assert proc.returncode == 2 and "can be written by other users" in proc.stderr
     assert list(shared.iterdir()) == []
     # A planted symlink is replaced, not written through; the files are the user's only.
     out = tmp_path / "report"
@@ -413,6 +413,52 @@ def test_report_folder_must_be_private_and_files_are_never_followed(tmp_path):
     assert all((p.stat().st_mode & 0o077) == 0 for p in out.iterdir())
 
 
+def test_report_folder_writable_by_the_group_is_refused(tmp_path):
+    from neuronlocal.report import runner
+
+    shared = tmp_path / "group"
+    shared.mkdir()
+    shared.chmod(0o770)
+    with pytest.raises(runner.RunError, match=r"can be written by other users \(mode 770\)"):
+        runner._check_writable(shared)
+    assert list(shared.iterdir()) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a link owned by another user needs root to make")
+def test_report_folder_through_another_users_link_is_refused(tmp_path):
+    from neuronlocal.report import runner
+
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    os.lchown(link, 65534, 65534)  # planted by another user, pointing at the victim's folder
+    with pytest.raises(runner.RunError, match="symbolic link owned by another user"):
+        runner._check_writable(link)
+    assert list(mine.iterdir()) == []
+
+
 def test_dtype_column_is_summarised():
     assert render.dtypes_summary(["torch.int64"] + ["torch.float32"] * 19) == "int64, 19 x float32"
     assert render.dtypes_summary([]) == ""
+
+
+def test_sigkill_report_says_when_the_host_oom_killer_may_have_sent_it(tmp_path, monkeypatch):
+    import signal
+
+    from neuronlocal.core import hardware
+    from neuronlocal.report import runner
+
+    written: list[dict] = []
+    monkeypatch.setattr(runner, "write", lambda out, rep, quiet=False: written.append(rep))
+    monkeypatch.setattr(os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                     "SC_PHYS_PAGES": 2**18}[name])  # 1 GiB
+    state = tmp_path / ".state.json"
+    state.write_text(json.dumps({"status": "running", "report": {"run": {"seconds": 1.0}}}))
+    assert runner._report_for_child(tmp_path, state, -signal.SIGKILL, 2.0, True) == 137
+    message = written[0]["run"]["error"]["message"]
+    assert "killed by SIGKILL" in message and "OOM killer" in message
+    assert hardware.host_memory_note(hardware.profile(hardware.Config())) in message
+    state.write_text(json.dumps({"status": "running", "report": {"run": {"seconds": 1.0}}}))
+    runner._report_for_child(tmp_path, state, -signal.SIGSEGV, 2.0, True)
+    assert "OOM killer" not in written[1]["run"]["error"]["message"]

@@ -294,15 +294,20 @@ def _row(mt: str, status: str, **extra) -> dict:
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["-j", "0"], "at least 1"), (["-j", "-1"], "at least 1"),
-    (["--timeout", "-1"], "positive"), (["--models", "llama,no_such_model"], "no_such_model"),
+    (["-j", "0"], "from 1 to"), (["-j", "-1"], "from 1 to"),
+    (["--timeout", "-1"], "above 0"), (["--models", "llama,no_such_model"], "no_such_model"),
     (["--models", "lama"], "did you mean"), (["--models", ""], "at least one"),
 ])
 def test_support_rejects_bad_options_before_running(argv, needle, tmp_path, monkeypatch,
                                                     capsys):
     monkeypatch.setattr(matrix, "run_one", lambda *a, **k: pytest.fail("ran a model"))
-    assert cli.main(["support", "--out", str(tmp_path), "--models", "llama", *argv]) == 2
-    out = capsys.readouterr().out
+    try:
+        code = cli.main(["support", "--out", str(tmp_path), "--models", "llama", *argv])
+    except SystemExit as e:  # options argparse refuses
+        code = e.code
+    assert code == 2
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
     assert needle in out and "%" not in out
 
 
@@ -508,3 +513,41 @@ def test_random_ops_in_a_forward_compare_with_cpu():
     assert rep.status == "pass", rep.error
     assert rep.modes["eager"].max_diff == 0.0
     assert rep.modes["compile"].max_diff is not None and rep.modes["compile"].max_diff < 1e-5
+
+
+def test_results_and_pages_never_follow_a_planted_symlink(tmp_path):
+    """matrix.save and the pages replace a link planted at any name they use (the JSON, its
+    temporary, the markdown, the HTML) instead of writing through it."""
+    from neuronlocal.support import render as support_render
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    names = ["support-causal-lm.json", "support-causal-lm.tmp", "support-causal-lm.md",
+             "support-causal-lm.html"]
+    for name in names:
+        (out / name).symlink_to(victim)
+    data = matrix.save(out / "support-causal-lm.json", "causal-lm", {"llama": _row("llama",
+                                                                                   "pass")})
+    support_render.write_all(out, "causal-lm", data)
+    assert victim.read_text() == "keep me"
+    for name in ("support-causal-lm.json", "support-causal-lm.md", "support-causal-lm.html"):
+        assert not (out / name).is_symlink() and (out / name).stat().st_size > 0, name
+    assert json.loads((out / "support-causal-lm.json").read_text())["models"][0]["status"] == \
+        "pass"
+
+
+def test_a_damaged_results_file_is_kept_aside_and_said_so(tmp_path, capsys):
+    path = tmp_path / "support-causal-lm.json"
+    matrix.save(path, "causal-lm", {"llama": _row("llama", "pass"), "gpt2": _row("gpt2", "pass")})
+    good = path.read_text()
+    path.write_text(good[:40] + "\x00" + good[40:])  # one stray byte
+    assert matrix.load(path) == {}
+    err = capsys.readouterr().err
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(path.name + ".damaged-")]
+    assert len(aside) == 1 and aside[0].read_text() == good[:40] + "\x00" + good[40:]
+    assert f"{path} is damaged" in err and str(aside[0]) in err and "\n" not in err.strip()
+    matrix.save(path, "causal-lm", {})  # the next save leaves the damaged rows where they are
+    assert len(json.loads(aside[0].read_text().replace("\x00", ""))["models"]) == 2
+    assert matrix.load(path) == {} and capsys.readouterr().err == ""

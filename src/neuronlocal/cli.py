@@ -10,6 +10,7 @@ import torch
 
 import neuronlocal
 from neuronlocal.core.config import env_table_markdown, set_variables
+from neuronlocal.core.options import Parser, amount, whole
 from neuronlocal.core.units import fmt_bytes
 from neuronlocal.eager import ops as ops_mod
 
@@ -166,7 +167,7 @@ def cmd_serve_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="neuronlocal", description=__doc__)
+    parser = Parser(prog="neuronlocal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="the emulated instance: cores, HBM per core, LNC").set_defaults(
         func=cmd_info)
@@ -196,10 +197,12 @@ def main(argv: list[str] | None = None) -> int:
                            epilog="exit status: 0 no neuron failure, 1 some architecture fails "
                                   "on neuron, 2 bad options, 3 nothing could be tested")
     p_sup.add_argument("--task", default="causal-lm", choices=list(TASK_MAPPINGS))
-    p_sup.add_argument("-j", "--jobs", type=int, default=1, help="rows run in parallel (>= 1)")
+    p_sup.add_argument("-j", "--jobs", type=whole(1, 1024), default=1,
+                       help="rows run in parallel (>= 1)")
     p_sup.add_argument("--out", default="reports/support", help="directory for JSON/md/HTML")
-    p_sup.add_argument("--timeout", type=float, default=600, help="seconds per model (> 0)")
-    p_sup.add_argument("--max-memory", type=float, default=6.0, metavar="GIB",
+    p_sup.add_argument("--timeout", type=amount(0, 10**6), default=600,
+                       help="seconds per model (> 0)")
+    p_sup.add_argument("--max-memory", type=amount(0, 2**20), default=6.0, metavar="GIB",
                        help="resident memory per model; past it the row is skipped with its "
                             "peak (default 6)")
     p_sup.add_argument("--subset", choices=["ci"], help="only the fixed CI subset")

@@ -50,6 +50,42 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
+def _rebuild_on_neuron(cpu: torch.Tensor, index: int, requires_grad: bool,
+                       parameter: bool) -> torch.Tensor:
+    t = cpu.to(f"neuron:{index}")
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad)
+    return t.requires_grad_(requires_grad)
+
+
+def _share_through_cpu(reduce: Any) -> Any:
+    """torch.multiprocessing's tensor reduction, with neuron tensors sent as shared CPU
+    memory and moved back to their core on arrival. Without it a forked DataLoader worker
+    that returns a neuron tensor fails in its queue thread (`_share_fd_: only available on
+    CPU`) and the main process waits for that batch forever."""
+
+    def reduce_tensor(t: torch.Tensor) -> Any:
+        if t.device.type != "neuron" or (t.requires_grad and not t.is_leaf):
+            return reduce(t)  # torch's own rules (and its error for non-leaf tensors)
+        return _rebuild_on_neuron, (t.detach().cpu(), t.device.index or 0, t.requires_grad,
+                                    isinstance(t, torch.nn.Parameter))
+
+    return reduce_tensor
+
+
+def _install_sharing() -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    reductions.init_reductions()  # torch's own first, so ours wraps them
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        ForkingPickler.register(cls, _share_through_cpu(reductions.reduce_tensor))
+
+
+_install_sharing()
+
+
 def check_available() -> None:
     """Raises the configuration error that makes the device unavailable, if there is one."""
     error = _state.config_error

@@ -281,8 +281,7 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     if compiled is None:
         state = _CACHE.state()
         try:
-            with _CACHE.lock(key, state):
-                entry = _CACHE.lookup(key, state)
+            with _CACHE.claim(key, state) as entry:
                 cacheable = state.mode == "rw" or entry is not None
                 before = _CACHE.snapshot(state) if state.mode == "rw" and entry is None else None
                 hits = _cache_counters()

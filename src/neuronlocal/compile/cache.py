@@ -29,9 +29,10 @@ import json
 import os
 import re
 import shutil
-import stat
+import subprocess
 import tempfile
 import time
+import types
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from typing import Any
 
 from neuronlocal.compile.inductor import LOWERING_FIXES
 from neuronlocal.core.config import env_flag, env_seconds, env_str
+from neuronlocal.core.files import private_dir, read_json, write_private
+from neuronlocal.core.process import killed_with_parent
 
 ENTRY_SUFFIX = ".neff"
 FORMAT = 2
@@ -47,6 +50,7 @@ FORMAT = 2
 # before a fix are never served.
 INDUCTOR_DIR = f"inductor-{LOWERING_FIXES}"
 _KEY = re.compile(r"^[0-9a-f]{16,64}$")
+MAX_ENTRY_BYTES = 2**20  # an entry names a graph's artifact files and their digests
 
 
 def _user() -> str:
@@ -89,51 +93,12 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-def private_dir(path: Path, what: str) -> str | None:
-    """Creates `path` (0700) if missing; returns why it must not be used, or None.
-
-    A directory is usable when the current user owns it (and the link, if it is one) and
-    neither group nor others can write it: anything in it may end up executed.
-    """
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        link = os.lstat(path)
-        st = os.stat(path)
-    except OSError as err:
-        return f"{what} {path} cannot be created or read ({err.strerror})"
-    uid = os.getuid()
-    if stat.S_ISLNK(link.st_mode) and link.st_uid != uid:
-        return f"{what} {path} is a symbolic link owned by another user"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{what} {path} is not a directory"
-    if st.st_uid != uid:
-        return f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {uid})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"{what} {path} can be written by other users (mode "
-                f"{stat.S_IMODE(st.st_mode):o}); run `chmod go-w {path}`")
-    return None
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def inside(root: Path, rel: str) -> Path | None:
@@ -272,10 +237,12 @@ class NeffCache:
         if state.root is None:
             return None
         path = self.entry_path(state.root, key)
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
         try:
-            raw = json.loads(path.read_bytes())
+            raw = read_json(path, MAX_ENTRY_BYTES)
+            if not isinstance(raw, dict) or not isinstance(raw.get("files"), dict):
+                raise ValueError("not an entry")
             if raw.get("format") != FORMAT or raw.get("key") != key:
                 raise ValueError("wrong format or key")
             entry = Entry(key, str(raw["graph_name"]), dict(raw["files"]), float(raw["created"]))
@@ -285,7 +252,7 @@ class NeffCache:
                     raise ValueError(f"artifact name {rel!r} points outside the cache")
                 if not f.is_file() or f.is_symlink() or _sha256(f) != digest:
                     raise ValueError(f"artifact {rel} is missing or its checksum differs")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        except Exception as err:  # noqa: BLE001 - any failure: remove it and recompile
             _warn_once(f"neuron compile cache entry {path} is corrupt ({err}); "
                        "recompiling." + (" Removing it." if state.mode == "rw" else ""))
             if state.mode == "rw":
@@ -293,14 +260,24 @@ class NeffCache:
             return None
         return entry
 
+    @contextlib.contextmanager
+    def claim(self, key: str, state: State) -> Iterator[Entry | None]:
+        """The verified entry of `key` (None: compile it), holding the compile lock only
+        when there is no entry yet: a warm hit never waits for a stuck compiler."""
+        entry = self.lookup(key, state)
+        if entry is not None:
+            yield entry
+            return
+        with self.lock(key, state):
+            yield self.lookup(key, state)
+
     def remove(self, key: str, state: State) -> None:
         """Removes an entry and the artifacts it names (only files inside the cache)."""
         if state.root is None:
             return
         path = self.entry_path(state.root, key)
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            raw = json.loads(path.read_bytes())
-            for rel in raw.get("files", {}):
+        with contextlib.suppress(Exception):
+            for rel in read_json(path, MAX_ENTRY_BYTES).get("files", {}):
                 f = inside(state.inductor_dir, rel)  # type: ignore[arg-type]
                 if f is not None and not f.is_symlink():
                     with contextlib.suppress(OSError):
@@ -326,8 +303,74 @@ class NeffCache:
         files = {str(p.relative_to(root)): _sha256(p) for p in new}  # type: ignore[arg-type]
         entry = {"format": FORMAT, "key": key, "graph_name": graph_name, "files": files,
                  "created": time.time()}
-        atomic_write(self.entry_path(state.root, key),  # type: ignore[arg-type]
-                     json.dumps(entry, indent=1).encode())
+        write_private(self.entry_path(state.root, key),  # type: ignore[arg-type]
+                      json.dumps(entry, indent=1))
+
+
+_STOCK_PRECOMPILE: Any = None  # Inductor's own _precompile_header, before any patch
+_PRECOMPILE_IN: dict[str, Any] = {}
+
+
+def _precompile_header_in(header_dir: str) -> Any:
+    """Inductor's header precompiler with its memo kept per header folder, so a header a
+    stock compile made in the shared folder is never handed to a neuron compile."""
+    import functools
+
+    from torch._inductor import codecache
+
+    global _STOCK_PRECOMPILE
+    if _STOCK_PRECOMPILE is None:
+        _STOCK_PRECOMPILE = codecache._precompile_header
+    if header_dir not in _PRECOMPILE_IN:
+        _PRECOMPILE_IN[header_dir] = functools.cache(_STOCK_PRECOMPILE.__wrapped__)
+    return _PRECOMPILE_IN[header_dir]
+
+
+def header_dir() -> Path:
+    """Precompiled headers of neuron compiles: one private folder per user (headers depend
+    only on the compiler and its flags, so every cache directory shares them)."""
+    return Path(tempfile.gettempdir()) / f"neuron_headers_{_user()}"
+
+
+class _CompilerProcesses(types.ModuleType):
+    """`subprocess` as Inductor's C++ builder sees it during a neuron compile: g++ is killed
+    when this process dies (kill -9 included) instead of running on orphaned."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def run(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("preexec_fn", killed_with_parent)
+        return subprocess.run(*args, **kwargs)
+
+
+def _private_inductor_paths(target: Path) -> contextlib.ExitStack:
+    """Inductor's folders that ignore TORCHINDUCTOR_CACHE_DIR (precompiled headers and their
+    locks, kept in `default_cache_dir()`, a predictable temp path anyone can pre-create and
+    fill) pointed at private folders: `header_dir()` (checked like the cache; refused, no
+    header is precompiled) and `target`; and the C++ compiler killed with this process."""
+    from unittest import mock
+
+    from torch._inductor import codecache, cpp_builder
+    from torch._inductor import config as inductor_config
+    from torch._inductor.runtime import cache_dir_utils, runtime_utils
+
+    headers = header_dir()
+    stack = contextlib.ExitStack()
+    problem = private_dir(headers, "the precompiled-header folder")
+    if problem:
+        _warn_once(f"neuron compiles precompile no headers: {problem}.")
+        stack.enter_context(inductor_config.patch(cpp_cache_precompile_headers=False))
+    for module in (codecache, runtime_utils, cache_dir_utils):
+        stack.enter_context(mock.patch.object(module, "default_cache_dir", lambda: str(target)))
+    stack.enter_context(mock.patch.object(cpp_builder, "subprocess",
+                                          _CompilerProcesses("subprocess")))
+    stack.enter_context(mock.patch.object(codecache, "_HEADER_DIR", str(headers)))
+    stack.enter_context(mock.patch.object(codecache, "_HEADER_LOCK_DIR", str(headers / "locks")))
+    stack.enter_context(mock.patch.object(codecache, "_precompile_header",
+                                          _precompile_header_in(str(headers))))
+    return stack
 
 
     def mark(self, key: str, graph_name: str) -> str:
@@ -349,7 +392,9 @@ class NeffCache:
 
 @contextlib.contextmanager
 def inductor_dirs(cache: NeffCache, state: State, cacheable: bool) -> Iterator[None]:
-    """Points Inductor's caches at the NEFF cache (or at a private directory, uncached).
+    """Points every folder Inductor reads or writes at the NEFF cache (or at a private
+    directory, uncached): its caches, kernel and lock folders through
+    TORCHINDUCTOR_CACHE_DIR, its precompiled headers at `header_dir()`.
 
     `cacheable`: whether this compile may read the persistent cache (a read-only cache
     serves hits only; a miss there compiles in a private directory).
@@ -365,7 +410,8 @@ def inductor_dirs(cache: NeffCache, state: State, cacheable: bool) -> Iterator[N
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(target)
     try:
         with inductor_config.patch(force_disable_caches=use is None), \
-                functorch_config.patch(enable_autograd_cache=use is not None):
+                functorch_config.patch(enable_autograd_cache=use is not None), \
+                _private_inductor_paths(target):
             yield
     finally:
         if old is None:

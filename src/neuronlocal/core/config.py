@@ -154,18 +154,27 @@ def env_flag(name: str, default: bool | None = None) -> bool:
     return parse_flag(name, os.environ.get(name), default)
 
 
+# The largest size and number of seconds accepted: far past any device or wait, and small
+# enough that every C type a value reaches (int64 budgets, double timeouts) holds it.
+MAX_BYTES = 2**50
+MAX_SECONDS = 10**9
+_INTEGER = re.compile(r"[0-9]+")
+
+
 def parse_bytes(name: str, raw: str) -> int:
-    """'2GiB' -> 2147483648. Raises ConfigError naming the variable on bad input."""
+    """'2GiB' -> 2147483648, up to MAX_BYTES. Raises ConfigError naming the variable on bad
+    input (integers are read exactly, so a value just past a C type's range is refused)."""
     text = raw.strip().lower().replace(" ", "")
     digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = text[len(digits):]
     try:
-        value = float(digits)
+        value: float = int(digits) if _INTEGER.fullmatch(digits) else float(digits)
     except ValueError:
         value = -1.0
-    if not value > 0 or unit not in _UNITS or int(value * _UNITS[unit]) <= 0:
-        raise ConfigError(f"{name}={raw!r} is not a size; use a positive size such as 24GiB, "
-                          "512MiB or a byte count.")
+    ok = unit in _UNITS and 0 < value <= MAX_BYTES  # False for nan and inf
+    if not ok or not 0 < int(value * _UNITS[unit]) <= MAX_BYTES:
+        raise ConfigError(f"{name}={raw!r} is not a size; use a positive size up to 1PiB such "
+                          "as 24GiB, 512MiB or a byte count.")
     return int(value * _UNITS[unit])
 
 
@@ -174,8 +183,9 @@ def parse_seconds(name: str, raw: str) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds; use e.g. 600 (0 or more).")
+    if not 0 <= value <= MAX_SECONDS:  # False for nan and inf
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds; use e.g. 600 (0 to "
+                          f"{MAX_SECONDS}).")
     return value
 
 
@@ -186,10 +196,13 @@ def env_seconds(name: str) -> float:
 
 def parse_level(name: str, raw: str) -> int:
     text = raw.strip()
-    if not text.isdigit():
+    if not _INTEGER.fullmatch(text):
         raise ConfigError(f"{name}={raw!r} is not a log level; use 0 (off) to {MAX_LOG_LEVEL} "
                           "(debug).")
-    return min(int(text), MAX_LOG_LEVEL)
+    if int(text) > MAX_LOG_LEVEL:
+        raise ConfigError(f"{name}={raw!r} is not a log level; use 0 (off) to {MAX_LOG_LEVEL} "
+                          "(debug).")
+    return int(text)
 
 
 OPT_LEVELS = (1, 2, 3)  # neuronx-cc's optimisation levels

@@ -13,10 +13,12 @@ The runtime refuses more than 128 visible cores per process (DeviceIndex is int8
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from neuronlocal.core.config import Config, ConfigError
+from neuronlocal.core.units import fmt_bytes
 
 GiB = 2**30
 MAX_VISIBLE_CORES = 128
@@ -75,6 +77,24 @@ class Profile:
 
     def describe(self) -> str:
         return f"{self.instance}, LNC={self.lnc}"
+
+
+def host_memory_note(p: Profile) -> str | None:
+    """Why a SIGKILL may be the host's OOM killer rather than a crash: the emulated HBM of
+    the visible cores is more than this host's memory (neuron memory is host memory), so
+    the host can run out before neuron's OutOfMemoryError; None when it fits."""
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, KeyError):
+        return None
+    hbm = p.hbm_per_core * p.device_count
+    if host <= 0 or hbm <= host:
+        return None
+    fits = max(1, host // p.device_count // 2**20)
+    return (f"the emulated HBM ({p.device_count} x {fmt_bytes(p.hbm_per_core, 1)}) is more "
+            f"than this host's memory ({fmt_bytes(host, 1)}), so the host's OOM killer "
+            "(SIGKILL) can end a process before neuron's out-of-memory error; set "
+            f"NEURONLOCAL_HBM_PER_CORE={fits}MiB or less to get neuron's error first")
 
 
 def parse_visible(raw: str, total: int) -> tuple[int, ...]:

@@ -11,7 +11,10 @@ import json
 import sys
 from typing import Any
 
+from neuronlocal.core.options import amount, whole
+
 GIB = 2**30
+MAX_TOKENS = 2**24  # tokens per sequence or sequences per batch: past any real model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,23 +22,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                  "(e.g. llama), or a config.json path")
     p.add_argument("--instance", default="trn2.48xlarge", help="default trn2.48xlarge")
     p.add_argument("--lnc", type=int, choices=(1, 2), help="logical core size (Trn2/Trn3)")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (training)")
-    p.add_argument("--dp", type=int, help="data-parallel degree (default: cores/(tp*pp))")
+    p.add_argument("--nodes", type=whole(1, 2**16), default=1)
+    p.add_argument("--tp", type=whole(), default=1, help="tensor-parallel degree")
+    p.add_argument("--pp", type=whole(), default=1, help="pipeline-parallel degree (training)")
+    p.add_argument("--dp", type=whole(), help="data-parallel degree (default: cores/(tp*pp))")
     p.add_argument("--fsdp", action="store_true",
                    help="shard weights and gradients over dp too (FSDP / ZeRO-3)")
-    p.add_argument("--seq", type=int, default=2048, help="tokens per sequence (prompt)")
-    p.add_argument("--batch", type=int, default=1, help="sequences per core group per step "
-                                                        "(micro-batch)")
-    p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    p.add_argument("--seq", type=whole(1, MAX_TOKENS), default=2048,
+                   help="tokens per sequence (prompt)")
+    p.add_argument("--batch", type=whole(1, MAX_TOKENS), default=1,
+                   help="sequences per core group per step (micro-batch)")
+    p.add_argument("--global-batch", type=whole(1, MAX_TOKENS), help="sequences per optimizer step")
     p.add_argument("--mode", choices=("train", "prefill", "decode"), default="train",
                    help="train (forward, backward, optimizer), prefill, or one decode step")
-    p.add_argument("--ctx", type=int, help="tokens in the KV cache for decode (default --seq)")
+    p.add_argument("--ctx", type=whole(0, MAX_TOKENS),
+                   help="tokens in the KV cache for decode (default --seq)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--checkpointing", action="store_true",
                    help="recompute activations in the backward pass")
-    p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (overrides "
+    p.add_argument("--price-per-hour", type=amount(0, 1e6), help="USD per instance-hour (overrides "
                                                         "the price table)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -109,10 +114,6 @@ def run(args: argparse.Namespace) -> int:
     from neuronlocal.estimate.layout import problems
     from neuronlocal.estimate.workload import WorkloadError, load_config, shape
 
-    if min(args.seq, args.batch) < 1 or (args.ctx is not None and args.ctx < 0):
-        print("error: --seq and --batch must be at least 1 (and --ctx not negative)",
-              file=sys.stderr)
-        return 2
     lay, errs = _layout(args)
     try:
         cfg = load_config(args.model)
@@ -122,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if lay is not None and cfg is not None:
         errs += problems(lay, shape(cfg, 0))
     if errs:
-        for msg in errs:
-            print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {'; '.join(errs)}", file=sys.stderr)
         return 2
     try:
         est = estimate(cfg, lay, args.price_per_hour)

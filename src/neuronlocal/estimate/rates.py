@@ -85,6 +85,9 @@ def instance(name: str, lnc: int | None = None) -> InstanceSpec:
     if name not in INSTANCES:
         raise KeyError(f"unknown instance {name!r}; known: {', '.join(INSTANCES)}")
     spec = INSTANCES[name]
+    if lnc and lnc != spec.lnc and spec.lnc == 1:
+        raise KeyError(f"{name} has one logical core size (LNC=1); LNC={lnc} applies to "
+                       "Trn2 and Trn3 instances only")
     return spec.with_lnc(lnc) if lnc else spec
 
 

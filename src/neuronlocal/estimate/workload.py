@@ -85,6 +85,46 @@ class WorkloadError(ValueError):
     """The model or its config cannot be counted (the CLI's exit status 2)."""
 
 
+# Sizes a transformers config needs to be positive whole numbers: a zero, a negative, a
+# float or a huge value there fails deep inside transformers (ZeroDivisionError) or
+# overflows a tensor size. Checked in every sub-config (text_config, vision_config, ...).
+SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+               "intermediate_size", "vocab_size", "head_dim", "max_position_embeddings",
+               "n_embd", "n_head", "n_layer", "n_positions", "n_heads", "n_layers", "d_model",
+               "num_heads", "num_layers", "encoder_layers", "decoder_layers",
+               "encoder_attention_heads", "decoder_attention_heads", "ffn_dim", "d_ff")
+MAX_SIZE_FIELD = 2**31 - 1
+
+
+def size_problem(raw: dict[str, Any], where: str, depth: int = 0) -> str | None:
+    """Why a config's sizes cannot be used (one line naming the field), or None."""
+    for key, value in raw.items():
+        if isinstance(value, dict) and depth < 4:
+            problem = size_problem(value, f"{where}: {key}", depth + 1)
+            if problem:
+                return problem
+        elif key in SIZE_FIELDS and value is not None and (
+                isinstance(value, bool) or not isinstance(value, int)
+                or not 1 <= value <= MAX_SIZE_FIELD):
+            shown = repr(value) if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
+            return (f"{where}: {key} is {shown}; it must be a whole number from 1 to "
+                    f"{MAX_SIZE_FIELD} (fix that field in config.json)")
+    return None
+
+
+def config_from_dict(cls: Any, raw: dict[str, Any], where: str) -> Any:
+    """`cls(**raw)` after the size check; any failure of transformers' own checks is a
+    WorkloadError naming the file (a config's __init__ can raise anything)."""
+    problem = size_problem(raw, where)
+    if problem:
+        raise WorkloadError(problem)
+    try:
+        return cls(**raw)
+    except Exception as e:  # noqa: BLE001 - transformers' config code can raise anything
+        raise WorkloadError(f"{where}: transformers cannot build this config "
+                            f"({type(e).__name__}: {e}); fix config.json") from None
+
+
 def load_config(spec: str) -> Any:
     """A transformers config from a preset name, a model type, or a config.json path."""
     from transformers import CONFIG_MAPPING
@@ -102,10 +142,13 @@ def load_config(spec: str) -> Any:
     else:
         raise WorkloadError(f"{spec!r} is not a preset ({', '.join(PRESETS)}), a transformers "
                             "model type, or a config.json path.")
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"{spec}: a config.json holds one JSON object, not a "
+                            f"{type(raw).__name__}")
     mt = raw.pop("model_type", None)
-    if mt not in CONFIG_MAPPING:
+    if not isinstance(mt, str) or mt not in CONFIG_MAPPING:
         raise WorkloadError(f"{spec}: 'model_type' is {mt!r}, not a transformers model type.")
-    return CONFIG_MAPPING[mt](**raw)
+    return config_from_dict(CONFIG_MAPPING[mt], raw, spec)
 
 
 @dataclass

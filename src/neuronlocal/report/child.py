@@ -20,7 +20,6 @@ import os
 import runpy
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -28,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.core.files import write_private
+from neuronlocal.core.process import die_with_parent
 from neuronlocal.report import collect
 
 SNAPSHOT_SECONDS = 2.0  # between snapshots, or longer: a snapshot takes at most 2% of the run
@@ -35,20 +36,9 @@ _MAX_SHARE = 0.02
 
 
 def write_state(path: Path, data: dict[str, Any]) -> None:
-    """Atomically replaces the state file (private to the user, never through a symlink).
-
-    The temporary file is named after the state file, so that the supervising parent can
-    remove one a crash left half-written (runner.py).
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Atomically replaces the state file (private to the user, never through a symlink);
+    runner.py removes a temporary a crash left half-written."""
+    write_private(path, json.dumps(data, default=str))
 
 
 class _Snapshots:
@@ -192,7 +182,7 @@ def main() -> None:
     a = p.parse_args()
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     argv = [a.module, *args] if a.module else args
-    runner.die_with_parent()
+    die_with_parent()
     sys.exit(run(argv, a.module, a.report, a.state, a.run_id, runner.write))
 
 

@@ -15,14 +15,11 @@ complete page (and prints the merged summary).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import glob
-import json
 import logging
 import os
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -32,13 +29,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.core import hardware
+from neuronlocal.core import state as core_state
+from neuronlocal.core.files import private_dir, read_json, temp_prefix, write_private
 from neuronlocal.report import render
 
 log = logging.getLogger("neuronlocal.report")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2)
 _FROM_TERMINAL = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-_PR_SET_PDEATHSIG = 1
 
 
 class RunError(Exception):
@@ -64,28 +63,24 @@ def _target(args: list[str], module: str | None) -> tuple[str, list[str]]:
 def _check_writable(out: Path) -> bool:
     """Creates `out` if needed and proves a file can be written there; True if created.
 
-    The folder must be the user's own and not writable by everyone: report files are
-    replaced by name there, which another user must not be able to redirect.
+    The folder must be the user's own, reached through no other user's link, and writable
+    by nobody else: report files are replaced by name there, which another user must not
+    be able to redirect.
     """
-    created = not out.exists()
+    created = not os.path.lexists(out)
     try:
         out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = out.stat()
-        with tempfile.TemporaryFile(dir=out):
-            pass
+        problem = private_dir(out, "the report folder", create=False)
+        if problem is None:
+            with tempfile.TemporaryFile(dir=out):
+                pass
     except OSError as e:
         raise RunError(f"neuronlocal run: cannot write the report to {out}/: "
                        f"{e.strerror or e}; pass --report with a writable directory.") from None
-    if st.st_uid != os.getuid() or st.st_mode & stat.S_IWOTH:
-        raise RunError(f"neuronlocal run: the report folder {out}/ belongs to another user or "
-                       "is writable by everyone; pass --report with a folder of your own.")
+    if problem:
+        raise RunError(f"neuronlocal run: {problem}; pass --report with a folder of your "
+                       "own.")
     return created
-
-
-def die_with_parent() -> None:
-    """Linux: the child gets SIGTERM if the supervisor dies, so it never runs orphaned."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def _terminal_sent_it_to_both() -> bool:
@@ -127,7 +122,7 @@ def _finish_for_child(out: Path, state: Path, status: int, seconds: float, quiet
 
 def _report_for_child(out: Path, state: Path, status: int, seconds: float, quiet: bool) -> int:
     try:
-        data = json.loads(state.read_text())
+        data = read_json(state)
     except FileNotFoundError:
         return status  # the target never started (e.g. no such module): no report
     except (OSError, ValueError):
@@ -144,8 +139,11 @@ def _report_for_child(out: Path, state: Path, status: int, seconds: float, quiet
             if status < 0:
                 name = _signal_name(-status)
                 how = f"killed by {name}"
+                note = hardware.host_memory_note(core_state.profile) \
+                    if -status == signal.SIGKILL else None
                 error = {"type": name, "traceback": "",
-                         "message": f"the process was {how} after {seconds:.1f} s; {last}"}
+                         "message": f"the process was {how} after {seconds:.1f} s; {last}"
+                                    + (f" (if memory ran out: {note})" if note else "")}
             else:
                 how = f"exit {code} without writing its report"
                 error = {"type": "Exit", "traceback": "",
@@ -162,7 +160,7 @@ def _report_for_child(out: Path, state: Path, status: int, seconds: float, quiet
 
 def _remove_state(state: Path) -> None:
     """Removes the state file and any snapshot a crash interrupted half-written."""
-    for p in [state, *state.parent.glob(f"{glob.escape(state.name)}.*.tmp")]:
+    for p in [state, *state.parent.glob(f"{glob.escape(temp_prefix(state))}*.tmp")]:
         with contextlib.suppress(OSError):
             p.unlink()
 
@@ -209,38 +207,24 @@ def _locked(directory: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Replaces `path` atomically with a new file only the user can read (never writes
-    through a symlink or into a file someone else prepared)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def merge_dir(directory: Path, run_id: str | None = None) -> dict[str, Any]:
     """Merges the rank<N>.json files of one run (`run_id`; None: all) into report.json/.html."""
     ranks = []
     for p in sorted(directory.glob("rank*.json")):
         with contextlib.suppress(OSError, ValueError):
-            r = json.loads(p.read_text())
+            r = read_json(p)
             if run_id is None or r["run"].get("run_id") == run_id:
                 ranks.append(r)
     rep = render.merge(ranks)
-    _write_private(directory / "report.json", render.to_json(rep))
-    _write_private(directory / "report.html", render.html_page(rep))
+    write_private(directory / "report.json", render.to_json(rep))
+    write_private(directory / "report.html", render.html_page(rep))
     return rep
 
 
 def write(directory: Path, rank_report: dict[str, Any], quiet: bool = False) -> dict[str, Any]:
     """Writes this rank's JSON, re-merges the directory, prints a summary."""
     rank = rank_report["rank"]
-    _write_private(directory / f"rank{rank}.json", render.to_json(rank_report))
+    write_private(directory / f"rank{rank}.json", render.to_json(rank_report))
     with _locked(directory):
         rep = merge_dir(directory, rank_report["run"].get("run_id"))
     if not quiet:

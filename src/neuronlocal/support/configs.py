@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.estimate.workload import size_problem
+
 # Task -> the auto mapping AutoModelFor<Task> uses.
 TASK_MAPPINGS = {
     "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
@@ -297,7 +299,16 @@ def load(config: str | None = None, model_dir: str | None = None, model_type: st
             notes.append(f"auto_map's remote code not used: transformers has model type {mt!r} "
                          "built in (what AutoModel does without trust_remote_code)")
         raw = {**raw, "model_type": mt}
-    cfg, repairs = build_config(CONFIG_MAPPING[mt], raw if not model_type else {})
+    problem = size_problem(raw, where)
+    if problem:
+        raise BadInput(problem)
+    try:
+        cfg, repairs = build_config(CONFIG_MAPPING[mt], raw if not model_type else {})
+    except BadInput as e:
+        raise BadInput(f"{where}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - transformers' config code can raise anything
+        raise BadInput(f"{where}: transformers cannot build this config "
+                       f"({type(e).__name__}: {e}); fix config.json.") from None
     notes += repairs
     arch, model_cls, how = pick_architecture(cfg, raw.get("architectures"), task)
     return Loaded(config_for_class(cfg, model_cls), model_cls, arch, how, notes)

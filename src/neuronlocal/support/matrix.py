@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronlocal.core.config import env_str
+from neuronlocal.core.files import read_json, write_private
 from neuronlocal.support.configs import TASK_MAPPINGS, BadInput
 
 TASKS = tuple(TASK_MAPPINGS)
@@ -195,13 +197,20 @@ def run_one(model_type: str, arch: str, task: str, timeout: float,
 
 
 def load(path: Path) -> dict[str, dict[str, Any]]:
-    if not path.exists():
+    """The rows of a results file. A damaged one is kept aside (renamed with a `.damaged-`
+    suffix) and said so on stderr, so the next save never drops its rows silently."""
+    if not os.path.lexists(path):
         return {}
     try:
-        rows = json.loads(path.read_text())["models"]
-    except (ValueError, KeyError, TypeError):
+        return {r["model_type"]: r for r in read_json(path)["models"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-"
+                               f"{os.getpid()}")
+        os.replace(path, aside)
+        print(f"warning: {path} is damaged ({type(e).__name__}: {str(e)[:200]}); kept it as "
+              f"{aside} and started a new results file (repair it and copy its rows back, or "
+              "rerun them)", file=sys.stderr)
         return {}
-    return {r["model_type"]: r for r in rows}
 
 
 def summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -234,15 +243,13 @@ def save(path: Path, task: str, rows: dict[str, dict[str, Any]],
             "torch": torch.__version__.split("+")[0], "summary": summary(rows.values()),
             "run": run or {}, "models": sorted(rows.values(), key=lambda r: r["model_type"])}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
+    write_private(path, json.dumps(data, indent=1, default=str), mode=0o644)
     return data
 
 
 def _previous_run(path: Path) -> dict[str, Any]:
     try:
-        run = json.loads(path.read_text()).get("run")
+        run = read_json(path).get("run")
     except (OSError, ValueError, AttributeError):
         return {}
     return run if isinstance(run, dict) else {}

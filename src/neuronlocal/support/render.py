@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronlocal.core.charts import COLORS, bar_chart
+from neuronlocal.core.files import write_private
 from neuronlocal.support.models import MODES
 
 STATUS_MEANING = {
@@ -168,8 +169,8 @@ compiled modes count their graphs). {html.escape(_timing(data))}</p>
 def write_all(out_dir: Path, task: str, data: dict[str, Any]) -> None:
     """Markdown and HTML next to the JSON (which matrix.save wrote)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"support-{task}.md").write_text(markdown(data))
-    (out_dir / f"support-{task}.html").write_text(html_page(data))
+    write_private(out_dir / f"support-{task}.md", markdown(data), mode=0o644)
+    write_private(out_dir / f"support-{task}.html", html_page(data), mode=0o644)
 
 
 def readme_block(support_dir: Path, root: Path) -> str:

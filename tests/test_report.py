@@ -520,3 +520,48 @@ def test_report_page_fits_a_wide_window(tmp_path):
     assert shown["tallest_cell"] < 120, shown
     narrow = page_layout(render.html_page(_tp_job()), tmp_path, width=700)["shown"]
     assert narrow["scroll"] <= narrow["viewport"], narrow
+
+
+BREAK_SCRIPT = """\
+import torch
+
+def f(x):
+    x = x + 1
+    print("BREAK-HERE")
+    return x * 2
+
+torch.compile(f, backend="eager")(torch.ones(4, device="neuron"))  # Dynamo only: fast
+"""
+
+
+def test_graph_break_logs_stay_out_of_stderr(tmp_path):
+    """The report collects Dynamo's graph-break records; they do not reach the user's stderr
+    (only TORCH_LOGS=graph_breaks, the user's own choice, prints them)."""
+    proc, out = run_cli(tmp_path, [str(script(tmp_path, "brk.py", BREAK_SCRIPT))])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[__graph_breaks]" not in proc.stderr and "Graph Break Reason" not in proc.stderr
+    (b,) = _report(out)["graph_breaks"]
+    assert b["reason"] == "Failed to trace builtin operator" and b["line"] == 5
+
+
+def test_collector_keeps_graph_break_logs_the_user_enabled():
+    import logging
+
+    from neuronlocal.report import collect
+
+    log = logging.getLogger(collect._BREAK_LOGGER)
+    saved = (log.level, log.propagate)
+    try:
+        log.setLevel(logging.DEBUG)  # as TORCH_LOGS=graph_breaks sets it
+        log.propagate = True
+        c = collect.Collector().start(reset=False)
+        assert log.propagate
+        c.stop()
+        log.setLevel(logging.NOTSET)  # not enabled: collected, not propagated
+        c = collect.Collector().start(reset=False)
+        assert not log.propagate and log.level == logging.DEBUG
+        c.stop()
+        assert log.propagate and log.level == logging.NOTSET
+    finally:
+        log.setLevel(saved[0])
+        log.propagate = saved[1]

@@ -565,3 +565,29 @@ def test_collector_keeps_graph_break_logs_the_user_enabled():
     finally:
         log.setLevel(saved[0])
         log.propagate = saved[1]
+
+
+GENERATE_SCRIPT = """\
+import torch, transformers
+cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+model = transformers.LlamaForCausalLM(cfg).to("neuron").eval()
+for n in (3, 5, 7):
+    ids = torch.arange(1, n + 1, device="neuron")[None]
+    model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+"""
+
+
+@pytest.mark.slow
+def test_fallback_warnings_once_per_op_across_generate_calls(tmp_path):
+    """generate() called three times under `neuronlocal run` (whose capture shows every
+    fallback warning to find its call site): each fallback op is warned about once."""
+    pytest.importorskip("transformers")
+    proc, out = run_cli(tmp_path, [str(script(tmp_path, "gen.py", GENERATE_SCRIPT))],
+                        env={"PYTHONWARNINGS": "always"})  # a repeat would show
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [line.split("UserWarning: ")[1].split()[0] for line in proc.stderr.splitlines()
+              if "executed via CPU fallback" in line]
+    assert "aten::argmax.out" in warned and len(warned) == len(set(warned)), warned
+    calls = {f["op"]: f["count"] for f in _report(out)["fallback_ops"]}
+    assert calls["aten::argmax.out"] >= 9  # three calls of three tokens each, warned once

@@ -561,3 +561,29 @@ def test_support_page_fits_a_wide_window(tmp_path):
         assert layout["shown"]["tallest_cell"] < 120, layout["shown"]
         narrow = page_layout(page, tmp_path, width=700)["shown"]
         assert narrow["scroll"] <= narrow["viewport"], narrow
+
+
+def test_check_recommends_only_tp_degrees_the_model_allows():
+    """Qwen2.5-7B's shape (28 query heads, 4 key/value heads): TP=8 would split heads, so
+    the check offers 1, 2 and 4; training fits as TP=4 x FSDP=16 on a trn2.48xlarge, and
+    applying that layout is an estimate that fits (not "cannot estimate")."""
+    transformers = pytest.importorskip("transformers")
+    from neuronlocal.estimate import cli as estimate_cli
+    from neuronlocal.estimate import estimate
+    from neuronlocal.estimate.layout import Layout, problems
+    from neuronlocal.estimate.workload import shape
+    from neuronlocal.support.check import memory_fit
+
+    cfg = transformers.Qwen2Config(hidden_size=3584, intermediate_size=18944,
+                                   num_attention_heads=28, num_hidden_layers=28,
+                                   num_key_value_heads=4, vocab_size=152064,
+                                   max_position_embeddings=32768)
+    fit = memory_fit(cfg, transformers.Qwen2ForCausalLM)
+    assert fit.degrees == (1, 2, 4)
+    tp, fsdp = fit.train_tp["trn2.48xlarge"], fit.train_fsdp["trn2.48xlarge"]
+    assert (tp, fsdp) == (4, 16) and fit.infer_tp["trn2.48xlarge"] in fit.degrees
+    lay = Layout("trn2.48xlarge", "train", tp=tp, dp=fsdp, seq=4096, zero=3)
+    assert problems(lay, shape(cfg, 0)) == []
+    assert estimate(cfg, lay).fits
+    line = estimate_cli.check_line(cfg, tp, fsdp=True)
+    assert "TP=4 x FSDP=16" in line and "not estimated" not in line

@@ -8,9 +8,9 @@ from __future__ import annotations
 import html
 from typing import Any, NamedTuple
 
-# Fluid: the page takes 95% of the window, tables and pre blocks wrap inside it (folded text
-# breaks anywhere, short cells only between words), charts scale down with their viewBox; a table too wide for a narrow
-# window scrolls inside its .scroll box, never the page.
+# Fluid: the page takes 95% of the window; tables and pre blocks wrap inside it (folded text
+# breaks anywhere, short cells only between words); charts scale down with their viewBox; a
+# table too wide for a narrow window scrolls inside its .scroll box, never the page.
 BASE_CSS = """*{box-sizing:border-box}
 body{font:14px/1.4 system-ui,sans-serif;color:#222;margin:16px auto;padding:0 12px;
 max-width:95vw}

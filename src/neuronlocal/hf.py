@@ -133,7 +133,7 @@ def _swapped(model: torch.nn.Module) -> int:
                for m in model.modules())
 
 
-def _patch_kernels(mod: ModuleType) -> None:
+def _patch_kernels(mod: Any) -> None:
     """kernels.kernelize: on neuron, neuronlocal's layer mapping first; never silently a no-op."""
     original = mod.kernelize
     if getattr(original, "_neuronlocal", False):

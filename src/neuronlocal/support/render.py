@@ -159,7 +159,7 @@ def _mode_td(row: dict[str, Any], mode: str) -> str:
 _CSS = BASE_CSS + """
 table#m{width:100%}th{cursor:pointer}#m td{overflow-wrap:normal}
 #m td.e,#m td.f{overflow-wrap:anywhere;font-size:12px;color:#555}#m td.e{min-width:14em}
-#m td.f{min-width:13em}"""
+#m td.f{min-width:10em}#m td.a{min-width:10em}"""
 
 
 def html_page(data: dict[str, Any]) -> str:
@@ -170,7 +170,8 @@ def html_page(data: dict[str, Any]) -> str:
     body = []
     for r in data["models"]:
         color = COLORS.get(r["status"], COLORS["slate"])
-        tds = (f"<td>{_breakable(r['model_type'])}</td><td>{_breakable(r['architecture'])}</td>"
+        tds = (f"<td>{_breakable(r['model_type'])}</td>"
+               f"<td class='a'>{_breakable(r['architecture'])}</td>"
                f'<td><b style="color:{color}">{r["status"]}</b></td>'
                + "".join(_mode_td(r, m) for m in MODES) + f"<td>{r.get('layers') or '-'}</td>")
         fb = r.get("fallback_ops") or {}
@@ -178,7 +179,7 @@ def html_page(data: dict[str, Any]) -> str:
                 f'<td>{r.get("compiles", 0)}</td>'
                 f'<td data-v="{r.get("peak_hbm", 0)}">{r.get("peak_hbm", 0) / 2**20:.1f}</td>'
                 f'<td>{len(fb)}</td><td class="f">{_fallbacks(list(fb))}</td>'
-                f'<td class="e">{fold(_error(r)[:3000], limit=90)}</td>')
+                f'<td class="e">{fold(_error(r)[:3000], limit=80)}</td>')
         body.append(f"<tr>{tds}</tr>")
     legend = "".join(f"<li><b>{k}</b>: {esc(v)}</li>" for k, v in STATUS_MEANING.items())
     untested = "".join(f"<li><b>{esc(mt)}</b> ({st}): {fold(why[:3000])}</li>"

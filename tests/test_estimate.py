@@ -335,3 +335,21 @@ def test_docs_tables_are_current(evaluated):
 
     doc = (Path(__file__).parent.parent / "docs" / "estimate.md").read_text()
     assert calibrate.docs_block(evaluated) in doc
+
+
+def test_step_compile_seconds_are_split_from_run_time(monkeypatch):
+    """A first step that compiles for two minutes: its compile seconds are recorded apart,
+    and the host step time of the summary excludes them."""
+    from types import SimpleNamespace
+
+    from neuronlocal.estimate import capture
+
+    ticks = iter([0.0, 122.0, 122.4, 122.8])  # Capture(), then three step ends
+    compiled = iter([121.5, 121.5, 121.5])  # compile seconds recorded so far, at each end
+    monkeypatch.setattr(capture, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(capture, "_compile_seconds", lambda: next(compiled))
+    cap = capture.Capture()
+    cap.steps = [cap._close() for _ in range(3)]
+    assert [round(s["compile_s"], 6) for s in cap.steps] == [121.5, 0.0, 0.0]
+    assert [round(s["host_s"] - s["compile_s"], 6) for s in cap.steps] == [0.5, 0.4, 0.4]
+    assert cap.snapshot()["summary"]["host_step_s"] == pytest.approx(0.4)

@@ -44,3 +44,50 @@ def _reset_tracking():
     torch_neuronx = pytest.importorskip("torch_neuronx")
     torch_neuronx.clear_op_tracking()
     yield
+
+
+# ---- HTML pages in a real browser ---------------------------------------------------------
+
+_CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+# Appended to a copy of the page: measures its layout, then writes the numbers into the DOM
+# for --dump-dom. First as shown (details closed), then with every <details> open.
+_MEASURE = """<script>
+function measure(){const W=document.documentElement.clientWidth,over=[];let tall=0;
+for(const el of document.body.querySelectorAll('*')){const r=el.getBoundingClientRect();
+if(r.width&&r.right>W+1)over.push(el.tagName+(el.id?'#'+el.id:'')+' '+Math.round(r.right));
+if(el.tagName=='TD')tall=Math.max(tall,r.height);}
+return {viewport:W,scroll:document.documentElement.scrollWidth,
+body:document.body.getBoundingClientRect().width,tallest_cell:tall,over:over.slice(0,20)};}
+const shown=measure();document.querySelectorAll('details').forEach(d=>d.open=true);
+const opened=measure();const p=document.createElement('pre');p.id='neuronlocal-layout';
+p.textContent=JSON.stringify({shown,opened});document.body.appendChild(p);
+</script>"""
+
+
+def chromium() -> str | None:
+    import shutil
+
+    return next((p for p in map(shutil.which, _CHROMIUM) if p), None)
+
+
+def page_layout(page: str, tmp_path, width: int = 1400) -> dict:
+    """Layout numbers of an HTML page in headless Chromium at `width` px (skips without it)."""
+    import html
+    import json
+    import re
+
+    exe = chromium()
+    if exe is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium); the page "
+                    "structure is checked without it")
+    path = tmp_path / f"layout-{width}.html"
+    path.write_text(page.replace("</body>", _MEASURE + "</body>"))
+    profile = tmp_path / f"chromium-{width}"
+    out = subprocess.run(
+        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", f"--window-size={width},900", "--dump-dom",
+         path.as_uri()], capture_output=True, text=True, timeout=120)
+    m = re.search(r'<pre id="neuronlocal-layout">(.*?)</pre>', out.stdout, re.S)
+    assert m, f"no layout from chromium (exit {out.returncode}): {out.stderr[-2000:]}"
+    return json.loads(html.unescape(m.group(1)))

@@ -204,8 +204,9 @@ def test_calibration_reproduces_fitted_factors():
 
 def test_impossible_layouts_are_named():
     sh = workload.shape(workload.load_config("llama-3.1-8b"), 0)
-    bad = problems(Layout("trn2.48xlarge", tp=6, dp=8), sh)
-    assert any("48 cores" in p for p in bad) and any("not divisible by tp=6" in p for p in bad)
+    bad = problems(Layout("trn2.48xlarge", tp=6, dp=16), sh)
+    assert any("96 cores" in p for p in bad) and any("not divisible by tp=6" in p for p in bad)
+    assert problems(Layout("trn2.48xlarge", tp=4, dp=8, zero=3), sh) == []  # part of it
     assert problems(Layout("trn2.48xlarge", tp=8, dp=8), sh) == []
     assert problems(Layout("trn2.48xlarge", tp=8, dp=8, pp=3), sh)
     assert "unknown instance" in problems(Layout("p5.48xlarge"), sh)[0]
@@ -213,7 +214,8 @@ def test_impossible_layouts_are_named():
 
 @pytest.mark.parametrize("argv,needle", [
     (["llama-3.1-8b", "--tp", "6", "--dp", "8"], "not divisible by tp=6"),
-    (["llama-3.1-8b", "--tp", "8", "--dp", "4"], "make the product equal the core count"),
+    (["llama-3.1-8b", "--tp", "8", "--dp", "16"], "make the product at most 64"),
+    (["llama-3.1-8b", "--nodes", "2", "--tp", "8", "--dp", "4"], "use --nodes 1"),
     (["llama-3.1-8b", "--instance", "p5.48xlarge"], "unknown instance"),
     (["no-such-model"], "is not a preset"),
     (["llama-3.1-8b", "--seq", "0"], "argument --seq: '0' is not a whole number from 1"),
@@ -225,6 +227,18 @@ def test_cli_exit_2_names_the_problem(argv, needle, capsys):
         code = e.code
     assert code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_layout_on_part_of_an_instance_says_what_the_rest_does(capsys):
+    """TP=4 x FSDP=8 uses 32 of a trn2.48xlarge's 64 logical cores: estimated, with the other
+    32 named free; the suggested --dp uses them all."""
+    argv = ["estimate", "llama-3.1-8b", "--tp", "4", "--dp", "8", "--fsdp"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "uses 32 of 64 logical cores; the other 32 are free" in out and "--dp 16" in out
+    assert cli.main(["estimate", "llama-3.1-8b", "--tp", "4", "--dp", "16", "--fsdp",
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["idle_cores"] == 0
 
 
 def test_cli_training_estimate_has_band_throughput_memory_and_cost(capsys):
@@ -325,3 +339,21 @@ def test_docs_tables_are_current(evaluated):
 
     doc = (Path(__file__).parent.parent / "docs" / "estimate.md").read_text()
     assert calibrate.docs_block(evaluated) in doc
+
+
+def test_step_compile_seconds_are_split_from_run_time(monkeypatch):
+    """A first step that compiles for two minutes: its compile seconds are recorded apart,
+    and the host step time of the summary excludes them."""
+    from types import SimpleNamespace
+
+    from neuronlocal.estimate import capture
+
+    ticks = iter([0.0, 122.0, 122.4, 122.8])  # Capture(), then three step ends
+    compiled = iter([121.5, 121.5, 121.5])  # compile seconds recorded so far, at each end
+    monkeypatch.setattr(capture, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(capture, "_compile_seconds", lambda: next(compiled))
+    cap = capture.Capture()
+    cap.steps = [cap._close() for _ in range(3)]
+    assert [round(s["compile_s"], 6) for s in cap.steps] == [121.5, 0.0, 0.0]
+    assert [round(s["host_s"] - s["compile_s"], 6) for s in cap.steps] == [0.5, 0.4, 0.4]
+    assert cap.snapshot()["summary"]["host_step_s"] == pytest.approx(0.4)

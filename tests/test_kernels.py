@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -284,3 +286,39 @@ def test_transformers_use_kernels_with_kernel_config(tmp_path):
         tmp_path, use_kernels=True, kernel_config=K.kernel_config(), device_map="neuron",
         attn_implementation="neuron")
     assert model.model.norm.forward.__func__.__qualname__ == "RMSNorm.forward"
+
+
+STOCK_KERNELIZE = """
+import json, torch, transformers, kernels
+cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+torch.manual_seed(0)
+cpu = transformers.LlamaForCausalLM(cfg).eval()
+model = transformers.LlamaForCausalLM(cfg).eval()
+model.load_state_dict(cpu.state_dict())
+model = kernels.kernelize(model.to("neuron"), device="neuron", mode=kernels.Mode.INFERENCE)
+ids = torch.randint(0, 100, (1, 9))
+with torch.no_grad():
+    diff = (model(ids.to("neuron")).logits.cpu() - cpu(ids).logits).abs().max().item()
+print(json.dumps({"norm": model.model.norm.forward.__func__.__qualname__,
+                  "mlp": model.model.layers[0].mlp.forward.__func__.__qualname__,
+                  "diff": diff}))
+"""
+
+
+def test_stock_kernelize_on_neuron_swaps_layers(fresh_python):
+    """The HF `kernels` call a user writes, with nothing from neuronlocal imported: the
+    model's layers run neuronlocal's kernels and the logits match CPU."""
+    pytest.importorskip("kernels", reason="HF `kernels` not installed")
+    r = fresh_python(STOCK_KERNELIZE, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert (out["norm"], out["mlp"]) == ("RMSNorm.forward", "SwiGLUMLP.forward")
+    assert out["diff"] < 1e-4
+
+
+def test_stock_kernelize_that_swaps_nothing_says_so():
+    kernels = pytest.importorskip("kernels", reason="HF `kernels` not installed")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).to(DEV)
+    with pytest.warns(UserWarning, match=r"swapped no layer of Sequential.*runs its own layers"):
+        kernels.kernelize(model, device="neuron", mode=kernels.Mode.INFERENCE)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from neuronlocal.estimate import view as estimate_view
 from neuronlocal.report import analysis, metrics, render
 
 pytestmark = pytest.mark.timeout(600)
@@ -462,3 +463,177 @@ def test_sigkill_report_says_when_the_host_oom_killer_may_have_sent_it(tmp_path,
     state.write_text(json.dumps({"status": "running", "report": {"run": {"seconds": 1.0}}}))
     runner._report_for_child(tmp_path, state, -signal.SIGSEGV, 2.0, True)
     assert "OOM killer" not in written[1]["run"]["error"]["message"]
+
+
+# ---- the HTML page: wide-window layout, folded reasons, compile split, errors once ------------
+
+_TP_ERROR = ("neuron could not compile graph 'llama_graph_3' (412 nodes): RuntimeError: "
+             "Attempted to set the storage of a tensor on device \"meta\" to a storage on "
+             "different device \"neuron:{rank}\"")
+_TRACEBACK = ('Traceback (most recent call last):\n  File "/home/u/train_tp.py", line 41, in '
+              '<module>\n    loss = model(input_ids=ids, labels=ids).loss\n  File "/venv/lib/'
+              'python3.11/site-packages/torch/_dynamo/eval_frame.py", line 900, in _fn\n'
+              '    return fn(*args)\nNEFFCompilationError: {msg}\n')
+_LONG_GUARD = ("0/3: len(L['kwargs']) == 6  # in transformers/utils/deprecation.py:172; "
+               + "; ".join(f"tensor L['past_key_values'].layers[{i}].keys size mismatch at "
+                           f"index 2. expected 17, actual 21" for i in range(12)))
+
+
+def _rank_report(rank: int, world: int) -> dict[str, Any]:
+    """A rank of a failed TP x FSDP job, shaped as collect.snapshot writes it."""
+    msg = _TP_ERROR.format(rank=rank)
+    graph = {"graph_id": 0, "graph_name": "llama_graph_0", "node_count": 900,
+             "input_shapes": [[2, 128]] + [[4096, 4096]] * 40,
+             "input_dtypes": ["torch.int64"] + ["torch.float32"] * 40, "compile_seconds": 121.5,
+             "cache": "miss", "kind": "static", "extra": {}}
+    steps = [{"step": i, "host_s": 121.9 if i == 0 else 0.41 + 0.01 * i,
+              "compile_s": 121.5 if i == 0 else 0.0, "estimated_s": 0.012, "band_s": [0.01, 0.015],
+              "eager_s": 0.001, "graph_s": 0.011, "eager_ops": 30, "graph_calls": 2,
+              "tensor_flops": 1e9} for i in range(6)]
+    return {
+        "schema": 1, "rank": rank, "world_size": world, "instance": "trn2.48xlarge, LNC=2",
+        "config_error": None,
+        "run": {"argv": ["train_tp.py", "--tp", "2"], "seconds": 130.0, "exit_code": 1,
+                "ended_by": "exception", "error": {"type": "NEFFCompilationError", "message": msg,
+                                                   "traceback": _TRACEBACK.format(msg=msg)}},
+        "graphs": [graph, {**graph, "graph_id": 1, "graph_name": "llama_graph_1",
+                           "compile_seconds": 3.0}],
+        "recompiles": [{"graph": "llama_graph_1", "function": "forward (train_tp.py:30)",
+                        "kind": "static", "cache": "miss", "reason": _LONG_GUARD}],
+        "bucket_suggestions": [],
+        "graph_breaks": [{"count": 1, "reason": "Failed to trace builtin operator",
+                          "detail": "Explanation: Dynamo does not know how to trace print\n"
+                                    "Hint: avoid print", "file": "/home/u/train_tp.py",
+                          "line": 12, "source": "print(loss)"}],
+        "fallback_ops": [], "downcast_ops": {}, "collectives": [],
+        "memory": [{"core": rank, "peak_bytes": 2 ** 30, "reserved_peak_bytes": 2 ** 31,
+                    "hbm_bytes": 24 * 2 ** 30, "num_ooms": 0,
+                    "timeline": [[0.5, 2 ** 29], [1.0, 2 ** 30], [2.0, 2 ** 29]]}],
+        "eager_ops": {"aten::mm": 10},
+        "estimate": {"instance": "trn2.48xlarge", "lnc": 2, "band": 0.2, "step_band": 0.3,
+                     "held_out_median_error": 0.1, "steps": steps, "graphs": [],
+                     "summary": None},
+    }
+
+
+def _tp_job(world: int = 4) -> dict[str, Any]:
+    return render.merge([_rank_report(r, world) for r in range(world)])
+
+
+def test_html_page_errors_once_reasons_folded_compile_apart():
+    rep = _tp_job()
+    page = render.html_page(rep)
+    # one error section for the job, naming the ranks, the failing graph and the user's line
+    assert page.count("<h2 id='error-") == 1 and "Error (ranks 0-3)" in page
+    assert "failing graph: <b>llama_graph_3</b>" in page
+    assert "/home/u/train_tp.py:41 in &lt;module&gt;" in page
+    lines = render.headline(rep)
+    assert len([h for h in lines if "NEFFCompilationError" in h]) == 1
+    assert lines[0].startswith("ranks 0-3: the script raised NEFFCompilationError")
+    # the long guard is one line that opens to the whole text; so is the graph break detail
+    assert "<details><summary>0/3: len(L[&#x27;kwargs&#x27;]) == 6" in page
+    assert "Hint: avoid print" in page
+    # compile seconds have their own chart: the per-step chart's largest bar is a run time
+    run_ms = [v for _, v, _ in estimate_view.bars(rep)]
+    assert max(run_ms) < 1000
+    assert [(label, v) for label, v, _ in estimate_view.compile_bars(rep)][0] == \
+        ("r0 step 0 compile", 121.5)
+    assert "<script" not in page
+
+
+def test_piped_summary_is_not_cut_at_80_columns(monkeypatch):
+    import io
+
+    piped = io.StringIO()  # not a tty, as `neuronlocal run ... 2>&1 | tee log`
+    monkeypatch.setattr(sys, "stderr", piped)
+    render.terminal(render.merge([_rank_report(0, 1)]))
+    widths = [len(line) for line in piped.getvalue().splitlines()]
+    assert 80 < max(widths) <= render.PIPED_WIDTH
+    assert "forward (train_tp.py:30)" in piped.getvalue()  # a whole cell on one line
+
+
+def test_report_page_fits_a_wide_window(tmp_path):
+    """In headless Chromium at 1400 px: nothing wider than the window (with every <details>
+    open, too), the content uses the window, no cell is a wall of text."""
+    from conftest import page_layout
+
+    layout = page_layout(render.html_page(_tp_job()), tmp_path)
+    for state in ("shown", "opened"):
+        m = layout[state]
+        assert m["over"] == [] and m["scroll"] <= m["viewport"], (state, m)
+    shown = layout["shown"]
+    assert shown["body"] >= 0.9 * shown["viewport"], shown
+    assert shown["tallest_cell"] < 120, shown
+    narrow = page_layout(render.html_page(_tp_job()), tmp_path, width=700)["shown"]
+    assert narrow["scroll"] <= narrow["viewport"], narrow
+
+
+BREAK_SCRIPT = """\
+import torch
+
+def f(x):
+    x = x + 1
+    print("BREAK-HERE")
+    return x * 2
+
+torch.compile(f, backend="eager")(torch.ones(4, device="neuron"))  # Dynamo only: fast
+"""
+
+
+def test_graph_break_logs_stay_out_of_stderr(tmp_path):
+    """The report collects Dynamo's graph-break records; they do not reach the user's stderr
+    (only TORCH_LOGS=graph_breaks, the user's own choice, prints them)."""
+    proc, out = run_cli(tmp_path, [str(script(tmp_path, "brk.py", BREAK_SCRIPT))])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[__graph_breaks]" not in proc.stderr and "Graph Break Reason" not in proc.stderr
+    (b,) = _report(out)["graph_breaks"]
+    assert b["reason"] == "Failed to trace builtin operator" and b["line"] == 5
+
+
+def test_collector_keeps_graph_break_logs_the_user_enabled():
+    import logging
+
+    from neuronlocal.report import collect
+
+    log = logging.getLogger(collect._BREAK_LOGGER)
+    saved = (log.level, log.propagate)
+    try:
+        log.setLevel(logging.DEBUG)  # as TORCH_LOGS=graph_breaks sets it
+        log.propagate = True
+        c = collect.Collector().start(reset=False)
+        assert log.propagate
+        c.stop()
+        log.setLevel(logging.NOTSET)  # not enabled: collected, not propagated
+        c = collect.Collector().start(reset=False)
+        assert not log.propagate and log.level == logging.DEBUG
+        c.stop()
+        assert log.propagate and log.level == logging.NOTSET
+    finally:
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
+GENERATE_SCRIPT = """\
+import torch, transformers
+cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+model = transformers.LlamaForCausalLM(cfg).to("neuron").eval()
+for n in (3, 5, 7):
+    ids = torch.arange(1, n + 1, device="neuron")[None]
+    model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+"""
+
+
+@pytest.mark.slow
+def test_fallback_warnings_once_per_op_across_generate_calls(tmp_path):
+    """generate() called three times under `neuronlocal run` (whose capture shows every
+    fallback warning to find its call site): each fallback op is warned about once."""
+    pytest.importorskip("transformers")
+    proc, out = run_cli(tmp_path, [str(script(tmp_path, "gen.py", GENERATE_SCRIPT))],
+                        env={"PYTHONWARNINGS": "always"})  # a repeat would show
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [line.split("UserWarning: ")[1].split()[0] for line in proc.stderr.splitlines()
+              if "executed via CPU fallback" in line]
+    assert "aten::argmax.out" in warned and len(warned) == len(set(warned)), warned
+    calls = {f["op"]: f["count"] for f in _report(out)["fallback_ops"]}
+    assert calls["aten::argmax.out"] >= 9  # three calls of three tokens each, warned once

@@ -551,3 +551,82 @@ def test_a_damaged_results_file_is_kept_aside_and_said_so(tmp_path, capsys):
     matrix.save(path, "causal-lm", {})  # the next save leaves the damaged rows where they are
     assert len(json.loads(aside[0].read_text().replace("\x00", ""))["models"]) == 2
     assert matrix.load(path) == {} and capsys.readouterr().err == ""
+
+
+def _mode(cpu_ok: bool = True, neuron_ok: bool = True, error: str | None = None) -> dict:
+    return {"cpu_ok": cpu_ok, "neuron_ok": neuron_ok, "error": error, "graphs": 1}
+
+
+def _wide_matrix(tmp_path: Path) -> dict:
+    unsupported = "unsupported: model does not support a static cache"
+    long_error = "neuron: RuntimeError: " + "shape mismatch in a very long message " * 40
+    rows = {f"m{i}": _row(f"qwen3_omni_moe_thinker_{i}", "pass",
+                          architecture="Qwen3OmniMoeThinkerForConditionalGeneration",
+                          fallback_ops={f"aten::op_number_{k}.out": 1 for k in range(6)},
+                          modes={"eager": _mode(), "generate": _mode(False, False, unsupported)})
+            for i in range(30)}
+    rows["bad"] = _row("bad", "neuron-fail", modes={"generate": _mode(False, False, unsupported),
+                                                    "compile": _mode(True, False, long_error)})
+    return matrix.save(tmp_path / "support-causal-lm.json", "causal-lm", rows)
+
+
+def test_pass_rows_show_no_error_and_failures_show_the_failing_mode(tmp_path):
+    data = _wide_matrix(tmp_path)
+    page, md = render.html_page(data), render.markdown(data)
+    assert "unsupported" not in md  # n/a is not an error: no row shows it
+    assert page.count('title="model does not support a static cache"') == 31  # on the n/a cell
+    bad = next(r for r in data["models"] if r["status"] == "neuron-fail")
+    assert render._error(bad).startswith("neuron: RuntimeError")
+    assert "<details><summary>neuron: RuntimeError" in page  # folded to one line
+
+
+def test_committed_pages_are_the_renderers_output():
+    """docs/support/*.html and *.md are rendered from their JSON by the current renderer
+    (regenerate: render.write_all for each JSON, as tools/support_matrix.py does)."""
+    for path in (ROOT / "docs" / "support").glob("support-*.json"):
+        data = json.loads(path.read_text())
+        assert path.with_suffix(".html").read_text() == render.html_page(data), path
+        assert path.with_suffix(".md").read_text() == render.markdown(data), path
+
+
+def test_support_page_fits_a_wide_window(tmp_path):
+    """Headless Chromium at 1400 px, on the committed causal-lm matrix (the longest) and a
+    synthetic one with long names, fallback lists and errors: the table fits (nothing
+    wider than the window, with every <details> open too), no cell is a wall of text; at
+    700 px the table scrolls in its box, never the page."""
+    from conftest import page_layout
+
+    committed = json.loads((ROOT / "docs" / "support" / "support-causal-lm.json").read_text())
+    for page in (render.html_page(committed), render.html_page(_wide_matrix(tmp_path))):
+        layout = page_layout(page, tmp_path)
+        for state in ("shown", "opened"):
+            assert layout[state]["over"] == [], (state, layout[state])
+        assert layout["shown"]["tallest_cell"] < 120, layout["shown"]
+        narrow = page_layout(page, tmp_path, width=700)["shown"]
+        assert narrow["scroll"] <= narrow["viewport"], narrow
+
+
+def test_check_recommends_only_tp_degrees_the_model_allows():
+    """Qwen2.5-7B's shape (28 query heads, 4 key/value heads): TP=8 would split heads, so
+    the check offers 1, 2 and 4; training fits as TP=4 x FSDP=16 on a trn2.48xlarge, and
+    applying that layout is an estimate that fits (not "cannot estimate")."""
+    transformers = pytest.importorskip("transformers")
+    from neuronlocal.estimate import cli as estimate_cli
+    from neuronlocal.estimate import estimate
+    from neuronlocal.estimate.layout import Layout, problems
+    from neuronlocal.estimate.workload import shape
+    from neuronlocal.support.check import memory_fit
+
+    cfg = transformers.Qwen2Config(hidden_size=3584, intermediate_size=18944,
+                                   num_attention_heads=28, num_hidden_layers=28,
+                                   num_key_value_heads=4, vocab_size=152064,
+                                   max_position_embeddings=32768)
+    fit = memory_fit(cfg, transformers.Qwen2ForCausalLM)
+    assert fit.degrees == (1, 2, 4)
+    tp, fsdp = fit.train_tp["trn2.48xlarge"], fit.train_fsdp["trn2.48xlarge"]
+    assert (tp, fsdp) == (4, 16) and fit.infer_tp["trn2.48xlarge"] in fit.degrees
+    lay = Layout("trn2.48xlarge", "train", tp=tp, dp=fsdp, seq=4096, zero=3)
+    assert problems(lay, shape(cfg, 0)) == []
+    assert estimate(cfg, lay).fits
+    line = estimate_cli.check_line(cfg, tp, fsdp=True)
+    assert "TP=4 x FSDP=16" in line and "not estimated" not in line

@@ -17,6 +17,12 @@ Patches (see `PATCHES`):
   `attn_implementation="flex_attention"` now fails up front when it is moved or loaded onto
   neuron, naming the fix (sdpa or eager).
 
+- kernels.kernelize (HF `kernels` 0.17): `kernelize(model, device="neuron")` swapped nothing
+  and said nothing: no mapping names a layer for neuron, and transformers only marks its
+  layers kernelizable with kernels>=0.18.2. On neuron it now installs neuronlocal's local
+  layer mapping first (neuronlocal.kernels.hub.register: Llama's RMSNorm, MLP and rotary),
+  and warns when still no layer of the model was swapped.
+
 Checked and left alone (no patch needed): the threaded weight loader (with and without
 HF_DEACTIVATE_ASYNC_LOAD=1), peft.utils.infer_device (returns "cpu"; adapters still load onto
 the model's device through load_state_dict), accelerate's `Accelerator`, TRL's SFTTrainer,
@@ -25,6 +31,7 @@ diffusers pipelines.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -120,10 +127,52 @@ def _patch_transformers_modeling(mod: ModuleType) -> None:
     cls._finalize_model_loading = staticmethod(_finalize_model_loading)
 
 
+def _swapped(model: torch.nn.Module) -> int:
+    """Modules whose forward `kernels` replaced with a kernel layer's."""
+    return sum(getattr(m.forward, "__func__", None) not in (None, type(m).forward)
+               for m in model.modules())
+
+
+def _patch_kernels(mod: Any) -> None:
+    """kernels.kernelize: on neuron, neuronlocal's layer mapping first; never silently a no-op."""
+    original = mod.kernelize
+    if getattr(original, "_neuronlocal", False):
+        return
+
+    def kernelize(model: torch.nn.Module, *, mode: Any, device: Any = None,
+                  use_fallback: Any = True) -> Any:
+        params = next(iter(model.parameters()), None)
+        where = device if device is not None else (params.device if params is not None
+                                                   else None)
+        on_neuron = where is not None and torch.device(where).type == "neuron"
+        if on_neuron:
+            from neuronlocal.kernels import hub
+
+            hub.register()
+            hub.attach_funcs(model)
+        out = original(model, mode=mode, device=device, use_fallback=use_fallback)
+        if on_neuron and not _swapped(model):
+            warnings.warn(
+                f"kernels.kernelize(device='neuron') swapped no layer of "
+                f"{type(model).__name__}: no kernel mapping names one of its layers for neuron "
+                "(neuronlocal maps Llama-style RMSNorm, gated MLP and rotary embedding; see "
+                "neuronlocal.kernels.kernel_mapping). The model runs its own layers.",
+                stacklevel=2)
+        return out
+
+    kernelize._neuronlocal = True  # type: ignore[attr-defined]
+    kernelize.__doc__ = original.__doc__
+    mod.kernelize = kernelize
+    if getattr(mod, "layer", None) is not None and getattr(mod.layer, "kernelize", None) \
+            is original:
+        mod.layer.kernelize = kernelize
+
+
 # module name -> patch, applied once right after the module has executed.
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "accelerate.utils.modeling": _patch_accelerate_modeling,
     "transformers.modeling_utils": _patch_transformers_modeling,
+    "kernels": _patch_kernels,
 }
 
 

@@ -1,5 +1,6 @@
 """The one SVG bar chart and the one colour table of every HTML page (run report, support
-matrix, estimate section): static inline SVG, no script, so pages open offline."""
+matrix, estimate section): static inline SVG, no script, so pages open offline. Charts carry
+a viewBox, so the page's CSS (core/pages.py) scales them down to a narrow window."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def bar_chart(bars: list[tuple[str, float, str]], title: str, unit: str = "",
     suffix = f" {unit}" if unit else ""
     e = html.escape
     out = [f'<svg class="chart" width="{width}" height="{height}" role="img" '
-           f'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="11">'
+           f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" '
+           f'font-family="sans-serif" font-size="11">'
            f'<title>{e(title)}</title>'
            f'<text x="4" y="15" font-size="13" font-weight="600">{e(title)}</text>']
     for i, (label, value, color) in enumerate(bars):

@@ -84,6 +84,13 @@ def last_record() -> GraphRecord | None:
         return _records[-1] if _records else None
 
 
+def compile_seconds_total() -> float:
+    """Compile seconds of every graph recorded so far (no estimate is resolved: cheap enough
+    to read at every training step)."""
+    with _lock:
+        return sum(r.compile_seconds for r in _records)
+
+
 def record(rec: GraphRecord) -> None:
     with _lock:
         _records.append(rec)

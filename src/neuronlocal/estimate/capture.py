@@ -71,6 +71,12 @@ def _estimate(gid: int) -> dict[str, Any]:
     return _resolve(rec) if rec is not None else {}
 
 
+def _compile_seconds() -> float:
+    from neuronlocal.core import dynamo_metrics
+
+    return dynamo_metrics.compile_seconds_total()
+
+
 def _graph_seconds(gid: int) -> float:
     est = _estimate(gid)
     return float(est.get("seconds", 0.0)) + float(est.get("backward_seconds", 0.0))
@@ -85,6 +91,7 @@ class Capture:
         self.calls: dict[int, list[float]] = {}  # graph_id -> [calls, host seconds], whole run
         self._step_calls: dict[int, int] = {}
         self._mark = time.perf_counter()
+        self._compile_mark = 0.0  # compile seconds recorded when the step began
         self._hook: Any = None
 
     def start(self) -> Capture:
@@ -95,6 +102,7 @@ class Capture:
 
         self._hook = register_optimizer_step_post_hook(self._on_step)
         self._mark = time.perf_counter()
+        self._compile_mark = _compile_seconds()
         _active = self
         return self
 
@@ -124,11 +132,16 @@ class Capture:
         from neuronlocal.estimate.roofline import seconds
 
         now = time.perf_counter()
+        compiled = _compile_seconds()
         tally, self.counter.tally = self.counter.tally, Tally()
         eager = seconds(tally, emulated(), FACTORS) if tally.ops else 0.0
         graphs = sum(_graph_seconds(g) * n for g, n in self._step_calls.items())
         est = eager + graphs
-        out = {"step": len(self.steps), "host_s": now - self._mark, "estimated_s": est,
+        # compile_s: the part of host_s spent compiling graphs (a first step that compiles
+        # for minutes is not a slow step), so the report charts the two apart.
+        out = {"step": len(self.steps), "host_s": now - self._mark,
+               "compile_s": min(now - self._mark, max(0.0, compiled - self._compile_mark)),
+               "estimated_s": est,
                "band_s": list(band(est, "train")), "eager_s": eager, "graph_s": graphs,
                "eager_ops": int(sum(tally.ops.values())),
                "graph_calls": int(sum(self._step_calls.values())),
@@ -136,7 +149,7 @@ class Capture:
                    float(_estimate(g).get("tensor_flops", 0))
                    * n for g, n in self._step_calls.items())}
         self._step_calls = {}
-        self._mark = now
+        self._mark, self._compile_mark = now, compiled
         return out
 
     def snapshot(self) -> dict[str, Any]:
@@ -156,7 +169,7 @@ class Capture:
                                "steps": list(self.steps), "graphs": graphs, "summary": None}
         if self.steps:
             est = statistics.median(s["estimated_s"] for s in self.steps)
-            host = statistics.median(s["host_s"] for s in self.steps)
+            host = statistics.median(s["host_s"] - s["compile_s"] for s in self.steps)
             p = price(spec.name)
             summary = {"steps": len(self.steps), "estimated_step_s": est,
                        "band_s": list(band(est, "train")), "host_step_s": host,

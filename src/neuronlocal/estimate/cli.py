@@ -69,6 +69,7 @@ def _fmt_s(s: float) -> str:
 
 def render(est: Any, model: str) -> str:
     from neuronlocal.estimate import HELD_OUT_MEDIAN_ERROR, HELD_OUT_ROWS, band_width
+    from neuronlocal.estimate.layout import idle_cores
 
     lay, spec = est.layout, est.layout.spec
     lo, hi = est.band
@@ -90,6 +91,12 @@ def render(est: Any, model: str) -> str:
         f"{est.tokens_per_step / lo:,.0f}",
         f"MFU           {100 * est.mfu:.1f}% of dense {lay.dtype.upper()} peak",
     ]
+    idle = idle_cores(lay)
+    if idle:
+        total = spec.cores * lay.nodes
+        lines.append(f"instance      uses {total - idle} of {total} logical cores; the other "
+                     f"{idle} are free for other jobs (cost below counts the whole instance; "
+                     f"--dp {total // (lay.tp * lay.pp)} would use them all)")
     used = sum(est.hbm.values())
     parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in est.hbm.items())
     lines.append(f"HBM per core  {used / GIB:.2f} GiB of {est.hbm_per_core / GIB:.1f} GiB -> "
@@ -137,9 +144,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_line(cfg: Any, tp: int | None, instance_name: str = "trn2.48xlarge") -> str:
+def check_line(cfg: Any, tp: int | None, instance_name: str = "trn2.48xlarge",
+               fsdp: bool = False) -> str:
     """One line for `neuronlocal check`: a full-size training step at the smallest TP that
-    fits, data parallel over the rest of the instance, sequence up to 4096."""
+    fits, data parallel (FSDP with `fsdp`) over the rest of the instance, sequence up to
+    4096."""
     from neuronlocal.estimate import estimate
     from neuronlocal.estimate.layout import Layout, problems
     from neuronlocal.estimate.rates import instance
@@ -149,7 +158,7 @@ def check_line(cfg: Any, tp: int | None, instance_name: str = "trn2.48xlarge") -
         return f"  estimated training step on {instance_name}: does not fit at any TP"
     cores = instance(instance_name).cores
     seq = min(4096, int(getattr(cfg, "max_position_embeddings", 4096) or 4096))
-    lay = Layout(instance_name, "train", tp=tp, dp=cores // tp, seq=seq)
+    lay = Layout(instance_name, "train", tp=tp, dp=cores // tp, seq=seq, zero=3 if fsdp else 1)
     bad = problems(lay, shape(cfg, 0))
     if bad:
         return f"  estimated training step on {instance_name}: not estimated ({bad[0]})"
@@ -161,6 +170,7 @@ def check_line(cfg: Any, tp: int | None, instance_name: str = "trn2.48xlarge") -
     money = "" if cost is None else (
         f", ${cost[0]:.3g} per million tokens" + ("" if "not confirmed" not in est.price_note
                                                   else " (unverified price)"))
-    return (f"  estimated training step on {instance_name} (TP={tp} x DP={cores // tp}, "
+    return (f"  estimated training step on {instance_name} (TP={tp} x "
+            f"{'FSDP' if fsdp else 'DP'}={cores // tp}, "
             f"sequence {seq}, micro-batch 1): {_fmt_s(est.step)} (band {_fmt_s(est.band[0])} - "
             f"{_fmt_s(est.band[1])}), {est.tokens_per_s:,.0f} tokens/s{money}")

@@ -66,10 +66,13 @@ def problems(layout: Layout, shape: Shape | None = None) -> list[str]:
         return out
     cores = spec.cores * layout.nodes
     used = layout.tp * layout.pp * layout.dp
-    if used != cores:
+    if used > cores:
         out.append(f"tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = {used} cores, but "
                    f"{layout.nodes} x {layout.instance} (LNC={spec.lnc}) has {cores} logical "
-                   "cores; make the product equal the core count")
+                   f"cores; make the product at most {cores} (or add --nodes)")
+    elif used <= spec.cores * (layout.nodes - 1):
+        out.append(f"tp*pp*dp = {used} cores fit on fewer than {layout.nodes} x "
+                   f"{layout.instance}; use --nodes {math.ceil(used / spec.cores)}")
     if layout.nodes > 1 and not spec.net_bytes_per_s:
         out.append(f"{layout.instance} has no published EFA bandwidth; use --nodes 1")
     if layout.batch % (layout.micro_batch * layout.dp):
@@ -80,12 +83,24 @@ def problems(layout: Layout, shape: Shape | None = None) -> list[str]:
     if shape is not None:
         if shape.heads % layout.tp:
             out.append(f"{shape.heads} attention heads are not divisible by tp={layout.tp}")
-        if shape.kv_heads % layout.tp and layout.tp % shape.kv_heads:
+        elif not tp_allowed(shape.heads, shape.kv_heads, layout.tp):
             out.append(f"{shape.kv_heads} key/value heads neither divide nor are divided by "
                        f"tp={layout.tp}")
         if shape.layers % layout.pp:
             out.append(f"{shape.layers} layers are not divisible by pp={layout.pp}")
     return out
+
+
+def tp_allowed(heads: int, kv_heads: int, tp: int) -> bool:
+    """Whether the model's attention splits over `tp` cores: whole query heads per core,
+    and key/value heads either split or replicated evenly."""
+    return heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0)
+
+
+def idle_cores(layout: Layout) -> int:
+    """Logical cores of the instance(s) the layout leaves to other work (a layout may use
+    part of an instance, as TP=4 x FSDP=8 on 32 of a trn2.48xlarge's 64)."""
+    return max(0, layout.spec.cores * layout.nodes - layout.tp * layout.pp * layout.dp)
 
 
 def _kv_sharded(tally: Tally, tp: int, kv_heads: int) -> Tally:
@@ -241,7 +256,8 @@ class Estimate:
                 "parts_s": self.parts, "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
                 "hbm_bytes": self.hbm, "hbm_per_core": self.hbm_per_core, "fits": self.fits,
                 "usd_per_hour": self.usd_per_hour, "price_note": self.price_note,
-                "usd_per_million_tokens": cost, "params": self.params}
+                "usd_per_million_tokens": cost, "params": self.params,
+                "idle_cores": idle_cores(self.layout)}
 
 
 def tokens_per_step(layout: Layout) -> float:

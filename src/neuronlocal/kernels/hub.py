@@ -112,7 +112,7 @@ def register() -> None:
     _registered = True
 
 
-def _attach_funcs(model: nn.Module) -> None:
+def attach_funcs(model: nn.Module) -> None:
     """Attention modules built before `register()` get the rotary function attached now."""
     from transformers.models.llama import modeling_llama as ml
 
@@ -134,7 +134,7 @@ def kernelize(
                          "for device 'neuron'; call kernels.kernelize directly for others.")
     k = _kernels()
     register()
-    _attach_funcs(model)
+    attach_funcs(model)
     if mode is None:
         mode = k.Mode.TRAINING if model.training else k.Mode.INFERENCE
     k.kernelize(model, device=device, mode=mode, use_fallback=True)

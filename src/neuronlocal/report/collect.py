@@ -75,6 +75,7 @@ class Collector:
         self._handler = _BreakHandler(self.state)
         self._break_logger = logging.getLogger(_BREAK_LOGGER)
         self._old_level = self._break_logger.level
+        self._old_propagate = self._break_logger.propagate
         self.estimate: estimate_capture.Capture | None = None
 
     def start(self, reset: bool = True) -> Collector:
@@ -91,7 +92,10 @@ class Collector:
         _C._set_timeline(True)
         self._break_logger.addHandler(self._handler)
         if self._break_logger.getEffectiveLevel() > logging.DEBUG:
+            # Not asked for (TORCH_LOGS=graph_breaks or set_logs): collect the records here
+            # without them reaching torch's stderr handler (dozens of V-lines per break).
             self._break_logger.setLevel(logging.DEBUG)
+            self._break_logger.propagate = False
         # The C++ core warns once per fallback op; make sure that warning is shown (and so
         # seen here) even under an "ignore" or "default" filter that already saw it.
         warnings.filterwarnings("always", message=r"\S+::\S+ executed via CPU fallback")
@@ -117,6 +121,7 @@ class Collector:
             warnings.showwarning = self._old_showwarning
         self._break_logger.removeHandler(self._handler)
         self._break_logger.setLevel(self._old_level)
+        self._break_logger.propagate = self._old_propagate
         if _active is self:
             _active = None
 

@@ -7,9 +7,10 @@ here. Every renderer takes the merged form `{"ranks": [rank report, ...]}` (see
 
 from __future__ import annotations
 
-import html
 import io
 import json
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from neuronlocal.core.charts import COLORS, bar_chart, series_color
+from neuronlocal.core.pages import BASE_CSS, Folded, esc, fold, one_line
 from neuronlocal.core.units import fmt_bytes
 from neuronlocal.estimate import view as estimate_view
 
@@ -67,31 +69,103 @@ def cache_line(rep: dict[str, Any]) -> str:
             f"({hits / len(graphs):.0%}), {len(graphs) - hits} compiled")
 
 
-def headline(rep: dict[str, Any]) -> list[str]:
-    """Short one-line findings, worst first (also the top of the HTML page)."""
+def ranks_label(ranks: list[int]) -> str:
+    """[0, 1, 2, 3, 6] -> 'ranks 0-3, 6'; [2] -> 'rank 2'."""
+    runs: list[list[int]] = []
+    for n in sorted(ranks):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+
+
+# Device and rank numbers differ between ranks that hit the same error.
+_PER_RANK = re.compile(r"\b(neuron|cuda|cpu|rank|device|core)([ :=_]?)\d+", re.I)
+_FAILED_GRAPH = re.compile(r"could not compile graph '([^']+)'")
+_COMPILE_FAILURE = ("NEFFCompilationError", "BackendCompilerFailed")
+_LIBRARY_FRAME = re.compile(r"site-packages|dist-packages|/neuronlocal/|<frozen |/torch/")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _same_everywhere(text: str) -> str:
+    return _PER_RANK.sub(r"\1\2N", text)
+
+
+def failing_graph(r: dict[str, Any]) -> str | None:
+    """The graph a compile failure names, or the one being compiled when it failed."""
+    err = r["run"].get("error") or {}
+    text = f"{err.get('message', '')}\n{err.get('traceback', '')}"
+    if m := _FAILED_GRAPH.search(text):
+        return m.group(1)
+    if not any(k in text or k == err.get("type") for k in _COMPILE_FAILURE):
+        return None
+    done = [g["graph_name"] for g in r.get("graphs", [])]
+    return (f"the graph compiled after {done[-1]} (the last that compiled)" if done
+            else "the first graph compiled")
+
+
+def user_frame(traceback_text: str) -> str:
+    """'file:line in function' of the innermost frame of the user's code, or ''."""
+    frames = [m for m in _FRAME.finditer(traceback_text)
+              if not _LIBRARY_FRAME.search(m.group(1))]
+    return f"{frames[-1].group(1)}:{frames[-1].group(2)} in {frames[-1].group(3)}" \
+        if frames else ""
+
+
+def _rank_findings(r: dict[str, Any]) -> list[str]:
+    """One rank's short findings, worst first, without a rank prefix."""
     out = []
-    for r in rep["ranks"]:
-        p = f"rank {r['rank']}: " if len(rep["ranks"]) > 1 else ""
-        err = r["run"].get("error")
-        ended = str(r["run"].get("ended_by", ""))
-        if err and (ended.startswith("killed") or ended.startswith("exit ")):
-            out.append(f"{p}{err['message']}")
-        elif err:
-            first = next(iter(str(err["message"]).strip().splitlines()), "")
-            out.append(f"{p}the script raised {err['type']}" + (f": {first}" if first else ""))
-        elif ended == "os._exit":
-            out.append(f"{p}the script ended with os._exit({r['run'].get('exit_code')})")
-        if r.get("config_error"):
-            out.append(f"{p}{r['config_error']}")
-        if r["recompiles"]:
-            hint = "; see the bucket suggestion" if r["bucket_suggestions"] else ""
-            out.append(f"{p}{len(r['recompiles'])} recompilation(s){hint}")
-        if r["fallback_ops"]:
-            n = sum(f["count"] for f in r["fallback_ops"])
-            out.append(f"{p}{len(r['fallback_ops'])} op(s) ran on the host CPU ({n} calls)")
-        if r["graph_breaks"]:
-            out.append(f"{p}{sum(b['count'] for b in r['graph_breaks'])} graph break(s)")
+    err = r["run"].get("error")
+    ended = str(r["run"].get("ended_by", ""))
+    if err and (ended.startswith("killed") or ended.startswith("exit ")):
+        out.append(str(err["message"]))
+    elif err:
+        first = one_line(str(err["message"]), 300)
+        graph = failing_graph(r)
+        out.append(f"the script raised {err['type']}" + (f": {first}" if first else "")
+                   + (f" (failing graph: {graph})" if graph and graph not in first else ""))
+    elif ended == "os._exit":
+        out.append(f"the script ended with os._exit({r['run'].get('exit_code')})")
+    if r.get("config_error"):
+        out.append(str(r["config_error"]))
+    if r["recompiles"]:
+        hint = "; see the bucket suggestion" if r["bucket_suggestions"] else ""
+        out.append(f"{len(r['recompiles'])} recompilation(s){hint}")
+    if r["fallback_ops"]:
+        n = sum(f["count"] for f in r["fallback_ops"])
+        out.append(f"{len(r['fallback_ops'])} op(s) ran on the host CPU ({n} calls)")
+    if r["graph_breaks"]:
+        out.append(f"{sum(b['count'] for b in r['graph_breaks'])} graph break(s)")
     return out
+
+
+def headline(rep: dict[str, Any]) -> list[str]:
+    """Short one-line findings, worst first (also the top of the HTML page). A finding that
+    several ranks share (device numbers aside) is one line naming those ranks."""
+    multi = len(rep["ranks"]) > 1
+    groups: dict[str, tuple[str, list[int]]] = {}
+    for r in rep["ranks"]:
+        for line in _rank_findings(r):
+            groups.setdefault(_same_everywhere(line), (line, []))[1].append(r["rank"])
+    return [f"{ranks_label(ranks)}: {line}" if multi else line
+            for line, ranks in groups.values()]
+
+
+def errors(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's errors, once each: ranks that raised the same error (device numbers
+    aside) share one entry, with the first of them's traceback and the failing graph."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rep["ranks"]:
+        err = r["run"].get("error")
+        if not err:
+            continue
+        key = (str(err.get("type")), _same_everywhere(str(err.get("message"))))
+        entry = groups.setdefault(key, {"error": err, "ranks": [], "graph": failing_graph(r),
+                                        "where": user_frame(str(err.get("traceback", "")))})
+        entry["ranks"].append(r["rank"])
+    return list(groups.values())
 
 
 ESTIMATE = "Estimated Trainium time and cost"
@@ -137,7 +211,8 @@ def sections(rep: dict[str, Any]) -> list[Section]:
                 "Pad the dimension to the next bucket (neuronlocal.compile.bucketing."
                 "pad_to_bucket): one graph per bucket instead of one per size."),
         Section("Graph breaks", rc + ["count", "reason", "where", "source"],
-                [rk(r) + [b["count"], b["reason"], _site(b), b["source"]]
+                [rk(r) + [b["count"], Folded(b["reason"], b.get("detail") or b["reason"]),
+                          _site(b), b["source"]]
                  for r in ranks for b in r["graph_breaks"]], "no graph breaks"),
         Section("CPU-fallback ops (run on the host on Trainium)",
                 rc + ["op", "count", "to / from host per call", "first call site", "source"],
@@ -175,9 +250,13 @@ def _rich_table(c: Console, sec: Section) -> None:
     c.print(t)
 
 
+PIPED_WIDTH = 200  # columns of the summary when stderr is a file or pipe (rich's default: 80)
+
+
 def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
-    """The summary printed after a run."""
-    c = console or Console(stderr=True)
+    """The summary printed after a run: as wide as the terminal, or PIPED_WIDTH columns
+    when stderr is not one (a log file keeps whole reasons, not 80-column fragments)."""
+    c = console or Console(stderr=True, width=None if sys.stderr.isatty() else PIPED_WIDTH)
     multi = len(rep["ranks"]) > 1
     first = rep["ranks"][0]
     c.rule("[bold]neuronlocal run report")
@@ -216,10 +295,6 @@ def to_json(rep: dict[str, Any]) -> str:
 
 # ---- HTML -------------------------------------------------------------------------------
 
-def _e(x: Any) -> str:
-    return html.escape(str(x))
-
-
 def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: float | None = None,
                width: int = 760, height: int = 260) -> str:
     """Step lines of (seconds, bytes) per series, as inline SVG."""
@@ -234,14 +309,15 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: f
     sx = (width - left - right) / t_max
     sy = (height - top - bottom) / y_max
     out = [f'<svg class="chart" width="{width}" height="{height}" role="img" '
-           f'xmlns="http://www.w3.org/2000/svg"><title>{_e(title)}</title>',
-           f'<text x="{left}" y="15" class="ct">{_e(title)}</text>']
+           f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
+           f'<title>{esc(title)}</title>',
+           f'<text x="{left}" y="15" class="ct">{esc(title)}</text>']
     for k in range(5):
         y = top + (height - top - bottom) * k / 4
         v = y_max * (1 - k / 4)
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
                    f'class="grid"/><text x="{left - 4}" y="{y + 4:.1f}" class="ax" '
-                   f'text-anchor="end">{_e(fmt_bytes(v))}</text>')
+                   f'text-anchor="end">{esc(fmt_bytes(v))}</text>')
     out.append(f'<text x="{width - right}" y="{height - 8}" class="ax" text-anchor="end">'
                f'{t_max:.2f} s</text><text x="{left}" y="{height - 8}" class="ax">0 s</text>')
     if limit and limit <= y_max:
@@ -249,7 +325,7 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: f
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
                    f'stroke="{COLORS["red"]}" stroke-dasharray="4 3"/><text x="{width - right}" '
                    f'y="{y - 3:.1f}" class="ax" text-anchor="end">'
-                   f'HBM {_e(fmt_bytes(limit))}</text>')
+                   f'HBM {esc(fmt_bytes(limit))}</text>')
     for i, (label, s) in enumerate(series):
         color = series_color(i)
         path, last_y = [], None
@@ -259,28 +335,41 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str, limit: f
             path.append(f"L{x:.1f},{y:.1f}")
             last_y = y
         out.append(f'<path d="{" ".join(path)}" fill="none" stroke="{color}" '
-                   f'stroke-width="1.5"><title>{_e(label)}</title></path>')
+                   f'stroke-width="1.5"><title>{esc(label)}</title></path>')
         out.append(f'<text x="{left + 8 + 150 * i}" y="{height - 8}" fill="{color}" '
-                   f'class="ax" dx="60">{_e(label)}</text>')
+                   f'class="ax" dx="60">{esc(label)}</text>')
     out.append("</svg>")
     return "".join(out)
 
 
 def _table(cols: list[str], rows: list[list[Any]], empty: str = "none") -> str:
+    """A table whose long or multi-line cells show one line and fold the rest."""
     if not rows:
-        return f"<p class='none'>{_e(empty)}</p>"
-    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in r) + "</tr>" for r in rows)
+        return f"<p class='none'>{esc(empty)}</p>"
+    head = "".join(f"<th>{esc(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{fold(v)}</td>" for v in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-_CSS = """body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #ddd;
-padding:3px 8px;text-align:left;vertical-align:top}th{background:#f4f4f4}
-.none{color:#888}.warn{color:#a15c00}.chart{display:block;margin:8px 0}
-.grid{stroke:#eee}.ax{font-size:11px;fill:#555}.ct{font-size:13px;font-weight:600}
-code{background:#f4f4f4;padding:1px 4px}"""
+_CSS = BASE_CSS + "\n.grid{stroke:#eee}.ax{font-size:11px;fill:#555}.ct{font-size:13px;" \
+    "font-weight:600}"
+
+
+def _error_html(entry: dict[str, Any], multi: bool) -> str:
+    err, ranks = entry["error"], entry["ranks"]
+    facts = [f"{esc(err['type'])}: {fold(err['message'], limit=600)}"]
+    if entry["graph"]:
+        facts.append(f"failing graph: <b>{esc(entry['graph'])}</b>")
+    if entry["where"]:
+        facts.append(f"raised from <code>{esc(entry['where'])}</code>")
+    if len(ranks) > 1:
+        facts.append(f"the same error on {esc(ranks_label(ranks))} (device numbers aside); "
+                     f"traceback of rank {ranks[0]}")
+    title = f"Error ({ranks_label(ranks)})" if multi else "Error"
+    tb = err.get("traceback") or ""
+    return (f"<h2 id='error-{ranks[0]}'>{esc(title)}</h2><div>" + "<br>".join(facts) + "</div>"
+            + (f"<details open><summary>traceback</summary><pre>{esc(tb)}</pre></details>"
+               if tb else ""))
 
 
 def html_page(rep: dict[str, Any]) -> str:
@@ -290,12 +379,12 @@ def html_page(rep: dict[str, Any]) -> str:
     first = ranks[0]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>neuronlocal run report"
              f"</title><style>{_CSS}</style></head><body><h1>neuronlocal run report</h1>",
-             f"<p><code>{_e(' '.join(first['run']['argv']))}</code><br>instance "
-             f"{_e(first['instance'])}; ranks {len(ranks)}/{rep['world_size']}"
+             f"<p><code>{esc(' '.join(first['run']['argv']))}</code><br>instance "
+             f"{esc(first['instance'])}; ranks {len(ranks)}/{rep['world_size']}"
              f"{'' if rep['complete'] else ' (incomplete: some ranks have not reported)'}"
              f"; exit status {rep['exit_code']}. Host emulation: compile seconds are this "
-             f"machine's, not Trainium's.<br>{_e(cache_line(rep))}.</p>"]
-    parts += [f"<p class='warn'>&#9888; {_e(h)}</p>" for h in headline(rep)]
+             f"machine's, not Trainium's.<br>{esc(cache_line(rep))}.</p>"]
+    parts += [f"<p class='warn'>&#9888; {esc(h)}</p>" for h in headline(rep)]
     graphs = [(r, g) for r in ranks for g in r["graphs"]]
     recompiled = {(r["rank"], e["graph"]) for r in ranks for e in r["recompiles"]}
     parts.append("<h2>Compiled graphs</h2>")
@@ -305,36 +394,37 @@ def html_page(rep: dict[str, Any]) -> str:
           COLORS["red" if (r["rank"], g["graph_name"]) in recompiled else "blue"])
          for r, g in graphs[:60]],
         "compile seconds per graph (blue: first compile, red: recompile, green: cache hit)",
-        unit="s"))
+        unit="s", width=1200))
     coll = [(r, x) for r in ranks for x in r["collectives"]]
     for sec in sections(rep):
         if sec.title == ESTIMATE:
-            parts.append(estimate_view.html(rep, _table, bar_chart, _e))
+            parts.append(estimate_view.html(rep, _table, bar_chart, esc))
             continue
         if sec.title != "Compiled graphs":
-            parts.append(f"<h2>{_e(sec.title)}</h2>")
+            parts.append(f"<h2>{esc(sec.title)}</h2>")
         if sec.note:
-            parts.append(f"<p>{_e(sec.note)}</p>")
+            parts.append(f"<p>{esc(sec.note)}</p>")
         if sec.title == "Collectives":
             parts.append(bar_chart([(f"rank {r['rank']} {x['op']}", x["bytes"] / 2**20,
                                      series_color(r["rank"])) for r, x in coll],
                                    "bytes per rank and op", unit="MiB"))
         parts.append(_table(sec.columns, sec.rows, sec.empty))
         if sec.title == "HBM per logical core":
+            charts = []
             for r in ranks:
                 for m in r["memory"]:
                     label = (f"rank {r['rank']} " if multi else "") + f"neuron:{m['core']}"
-                    parts.append(line_chart([(label, m["timeline"])],
-                                            f"allocated HBM over time, {label}", m["hbm_bytes"]))
+                    charts.append(line_chart([(label, m["timeline"])],
+                                             f"allocated HBM over time, {label}", m["hbm_bytes"],
+                                             width=640))
+            if charts:
+                parts.append(f"<div class='charts'>{''.join(charts)}</div>")
     parts.append("<h2>Eager ops</h2>")
     for r in ranks:
         ops = r["eager_ops"]
         parts.append(f"<p>{'rank ' + str(r['rank']) + ': ' if multi else ''}"
                      f"{sum(ops.values())} calls of {len(ops)} ops</p>")
         parts.append(_table(["op", "count"], [[k, v] for k, v in list(ops.items())[:40]]))
-    for r in ranks:
-        err = r["run"].get("error")
-        if err:
-            parts.append(f"<h2>Error (rank {r['rank']})</h2><pre>{_e(err['traceback'])}</pre>")
+    parts += [_error_html(entry, multi) for entry in errors(rep)]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)

@@ -38,6 +38,22 @@ class Fit:
     train_bytes: int
     infer_tp: dict[str, int | None]
     train_tp: dict[str, int | None]
+    # instance -> FSDP degree where training fits only with FSDP over the cores TP leaves
+    train_fsdp: dict[str, int] = dataclasses.field(default_factory=dict)
+    degrees: tuple[int, ...] = TP_DEGREES  # the TP degrees the model's heads allow
+
+
+def tp_degrees(cfg: Any) -> tuple[int, ...]:
+    """TP_DEGREES the model's attention splits over (whole query heads per core, key/value
+    heads split or replicated evenly); all of them when the config names no heads."""
+    from neuronlocal.estimate.layout import tp_allowed
+
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = getattr(text, "num_attention_heads", None)
+    if not isinstance(heads, int) or heads < 1:
+        return TP_DEGREES
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    return tuple(tp for tp in TP_DEGREES if tp_allowed(heads, kv, tp))
 
 
 FIT_INSTANCES = ("trn2.3xlarge", "trn2.48xlarge")
@@ -58,13 +74,23 @@ def memory_fit(cfg: Any, model_cls: Any) -> Fit:
                                                      visible_cores=None))
                 for inst in FIT_INSTANCES]
 
+    degrees = tp_degrees(cfg)
+
     def smallest(total: int) -> dict[str, int | None]:
         # 10% of each core is left for activations and the KV cache.
-        return {p.instance: next((tp for tp in TP_DEGREES if tp <= p.total_cores
+        return {p.instance: next((tp for tp in degrees if tp <= p.total_cores
                                   and total / tp <= int(p.hbm_per_core * 0.9)), None)
                 for p in profiles}
 
-    return Fit(params, weights, train, smallest(weights), smallest(train))
+    train_tp = smallest(train)
+    fsdp: dict[str, int] = {}
+    for p in profiles:  # no TP degree alone: the largest allowed one, FSDP over the rest
+        usable = [tp for tp in degrees if tp <= p.total_cores]
+        if train_tp[p.instance] is None and usable and \
+                train / p.total_cores <= int(p.hbm_per_core * 0.9):
+            train_tp[p.instance] = usable[-1]
+            fsdp[p.instance] = p.total_cores // usable[-1]
+    return Fit(params, weights, train, smallest(weights), train_tp, fsdp, degrees)
 
 
 def print_fallbacks(calls: dict[str, int], traffic: dict[str, dict[str, int]]) -> None:
@@ -91,15 +117,21 @@ def _print_fit(loaded: Loaded, task: str) -> None:
     print(f"\nfull size: {fit.params / 1e6:.1f}M parameters; bf16 weights "
           f"{fit.weight_bytes / GiB:.2f} GiB, training state ~{fit.train_bytes / GiB:.2f} GiB")
     for what, tp in (("inference", fit.infer_tp), ("training", fit.train_tp)):
-        where = ", ".join(f"{inst}: TP={d}" if d else f"{inst}: does not fit"
-                          for inst, d in tp.items())
+        where = ", ".join(
+            (f"{inst}: TP={d} x FSDP={fit.train_fsdp[inst]}" if what == "training"
+             and inst in fit.train_fsdp else f"{inst}: TP={d}") if d
+            else f"{inst}: does not fit" for inst, d in tp.items())
         print(f"  {what:<10} smallest tensor-parallel degree per instance -> {where}")
+    if fit.degrees != TP_DEGREES:
+        print(f"  (TP degrees this model's attention heads allow: "
+              f"{', '.join(map(str, fit.degrees))})")
     if task != "causal-lm":  # the step model counts a causal LM's forward on its tokens
         print(f"  estimated training step: not estimated (step estimates cover causal-LM "
               f"models; a {task} step is not modelled)")
         return
     try:
-        print(estimate_cli.check_line(loaded.config, fit.train_tp.get("trn2.48xlarge")))
+        print(estimate_cli.check_line(loaded.config, fit.train_tp.get("trn2.48xlarge"),
+                                      fsdp="trn2.48xlarge" in fit.train_fsdp))
     except Exception as e:  # noqa: BLE001 - the estimate is advice, the check is the verdict
         print(f"Trainium estimate unavailable: {type(e).__name__}: {e}")
 

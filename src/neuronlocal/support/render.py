@@ -7,7 +7,6 @@ Every number on every page comes from the JSON's `summary` (matrix.summary) thro
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from neuronlocal.core.charts import COLORS, bar_chart
 from neuronlocal.core.files import write_private
+from neuronlocal.core.pages import BASE_CSS, esc, fold
 from neuronlocal.support.models import MODES
 
 STATUS_MEANING = {
@@ -54,13 +54,25 @@ def _mode_cell(row: dict[str, Any], mode: str) -> str:
 
 
 def _error(row: dict[str, Any]) -> str:
-    """The row's error, or the first mode's (a cpu-fail row carries it per mode)."""
+    """What went wrong in the row: its own error, else the error of the mode that decided its
+    status (neuron failing first, then CPU). A pass row has none: a mode that does not apply
+    ("unsupported: ...", shown as n/a) is not an error."""
+    if row["status"] == "pass":
+        return ""
     if row.get("error"):
         return str(row["error"])
-    for m in row.get("modes", {}).values():
-        if m.get("error"):
-            return str(m["error"])
-    return ""
+    modes = [m for m in row.get("modes", {}).values() if m.get("error")]
+    modes.sort(key=lambda m: (not (m.get("cpu_ok") and not m.get("neuron_ok")),
+                              str(m["error"]).startswith("unsupported")))
+    return str(modes[0]["error"]) if modes else ""
+
+
+def _not_applicable(row: dict[str, Any], mode: str) -> str:
+    """Why a mode is n/a for the row ('' when it applies)."""
+    m = row.get("modes", {}).get(mode) or {}
+    err = str(m.get("error") or "")
+    return err.removeprefix("unsupported: ") if not m.get("cpu_ok") and \
+        err.startswith("unsupported") else ""
 
 
 def _timing(data: dict[str, Any]) -> str:
@@ -124,6 +136,33 @@ r.style.display=r.innerText.toLowerCase().includes(q)?'':'none';}}
 """
 
 
+def _breakable(name: str) -> str:
+    """Escaped `name` that may wrap between CamelCase words and after underscores (so the
+    table fits the window without breaking names at arbitrary letters)."""
+    text = esc(name).replace("_", "_<wbr>")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "<wbr>", text)
+
+
+def _fallbacks(ops: list[str]) -> str:
+    """The first fallback op, the rest folded (one per line)."""
+    if len(ops) <= 1:
+        return esc(ops[0] if ops else "-")
+    return fold("\n".join(ops), summary=f"{ops[0]} +{len(ops) - 1} more")
+
+
+def _mode_td(row: dict[str, Any], mode: str) -> str:
+    why = _not_applicable(row, mode)
+    cell = _mode_cell(row, mode)
+    return f'<td title="{esc(why)}">{cell}</td>' if why else f"<td>{cell}</td>"
+
+
+# Fits the window: the table takes the page's width, long names wrap, errors fold to a line.
+_CSS = BASE_CSS + """
+table#m{width:100%}th{cursor:pointer}#m td{overflow-wrap:normal}
+#m td.e,#m td.f{overflow-wrap:anywhere;font-size:12px;color:#555}#m td.e{min-width:14em}
+#m td.f{min-width:10em}#m td.a{min-width:10em}"""
+
+
 def html_page(data: dict[str, Any]) -> str:
     s = data["summary"]
     head = ["model type", "architecture", "status", *MODES, "layers", "seconds", "compiles",
@@ -132,35 +171,37 @@ def html_page(data: dict[str, Any]) -> str:
     body = []
     for r in data["models"]:
         color = COLORS.get(r["status"], COLORS["slate"])
-        cells = [html.escape(r["model_type"]), html.escape(r["architecture"]),
-                 f'<b style="color:{color}">{r["status"]}</b>',
-                 *(_mode_cell(r, m) for m in MODES), str(r.get("layers") or "-")]
-        tds = "".join(f"<td>{c}</td>" for c in cells)
+        tds = (f"<td>{_breakable(r['model_type'])}</td>"
+               f"<td class='a'>{_breakable(r['architecture'])}</td>"
+               f'<td><b style="color:{color}">{r["status"]}</b></td>'
+               + "".join(_mode_td(r, m) for m in MODES) + f"<td>{r.get('layers') or '-'}</td>")
         fb = r.get("fallback_ops") or {}
         tds += (f'<td data-v="{r.get("seconds", 0):.1f}">{r.get("seconds", 0):.0f}</td>'
                 f'<td>{r.get("compiles", 0)}</td>'
                 f'<td data-v="{r.get("peak_hbm", 0)}">{r.get("peak_hbm", 0) / 2**20:.1f}</td>'
-                f'<td>{len(fb)}</td><td>{html.escape(", ".join(fb) or "-")}</td>'
-                f'<td class="e">{html.escape(_error(r)[:300])}</td>')
+                f'<td>{len(fb)}</td><td class="f">{_fallbacks(list(fb))}</td>'
+                f'<td class="e">{fold(_error(r)[:3000], limit=80)}</td>')
         body.append(f"<tr>{tds}</tr>")
-    legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in STATUS_MEANING.items())
-    untested = "".join(f"<li><b>{html.escape(mt)}</b> ({st}): {html.escape(why[:300])}</li>"
+    legend = "".join(f"<li><b>{k}</b>: {esc(v)}</li>" for k, v in STATUS_MEANING.items())
+    untested = "".join(f"<li><b>{esc(mt)}</b> ({st}): {fold(why[:3000])}</li>"
                        for mt, st, why in _untested(data))
     return f"""<!doctype html><html><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>neuronlocal support matrix: {data['task']}</title>
-<style>body{{font-family:sans-serif;margin:24px}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ddd;padding:3px 6px}}th{{cursor:pointer;background:#f2f2f2}}
-td.e{{max-width:420px;font-size:11px;color:#555}}</style><script>{_SCRIPT}</script></head><body>
+<style>{_CSS}</style><script>{_SCRIPT}</script></head><body>
 <h1>Does it run on Trainium? {data['task']} architectures</h1>
-<p>{html.escape(headline(data))}</p>
+<p>{esc(headline(data))}</p>
 <p>Each model: a tiny random config that keeps the architecture's layer kinds, then every
 mode compared with CPU: {', '.join(MODES)} (shapes: the compiled model's forward + backward
 at a second size under the default Dynamo config, which recompiles with symbolic sizes;
-compiled modes count their graphs). {html.escape(_timing(data))}</p>
+compiled modes count their graphs; n/a: the mode does not apply, its reason on hover).
+{esc(_timing(data))}</p>
 {_status_chart(s['counts'])}
 <ul>{legend}</ul>
-<p><input id="q" placeholder="filter" oninput="filt()"></p>
-<table id="m"><thead><tr>{ths}</tr></thead><tbody>{''.join(body)}</tbody></table>
+<p><input id="q" placeholder="filter" oninput="filt()"> (sorting and the filter need
+scripts; the table reads the same without them)</p>
+<div class="scroll"><table id="m"><thead><tr>{ths}</tr></thead><tbody>{''.join(body)}</tbody>
+</table></div>
 {f'<h2>Untested architectures</h2><ul>{untested}</ul>' if untested else ''}
 </body></html>
 """

@@ -17,6 +17,12 @@ Patches (see `PATCHES`):
   `attn_implementation="flex_attention"` now fails up front when it is moved or loaded onto
   neuron, naming the fix (sdpa or eager).
 
+- transformers.generation.utils.GenerationMixin.generate: observed, not changed. generate()
+  calls the model's own forward, so after `torch.compile(model)` it runs uncompiled; a first
+  generate() of a model that compiled nothing while a `torch.compile` wrapper of that model
+  exists is counted (`hf_generate_bypassed_compile`) and the run report says so. Weight
+  loads are counted too (`hf_weight_loads`), for the report's HF_DEACTIVATE_ASYNC_LOAD note.
+
 Checked and left alone (no patch needed): the threaded weight loader (with and without
 HF_DEACTIVATE_ASYNC_LOAD=1), peft.utils.infer_device (returns "cpu"; adapters still load onto
 the model's device through load_state_dict), accelerate's `Accelerator`, TRL's SFTTrainer,
@@ -25,6 +31,8 @@ diffusers pipelines.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -33,6 +41,8 @@ import torch
 
 from neuronlocal import device as neuron
 from neuronlocal import patching
+from neuronlocal.core import counters as core_counters
+from neuronlocal.core import dynamo_metrics
 
 
 def _neuron_is_the_accelerator() -> bool:
@@ -110,6 +120,7 @@ def _patch_transformers_modeling(mod: ModuleType) -> None:
 
     def _finalize_model_loading(model: Any, *args: Any, **kwargs: Any) -> Any:
         info = original_finalize(model, *args, **kwargs)
+        core_counters.increment("hf_weight_loads")
         if any(p.device.type == "neuron" for p in model.parameters()):
             _flex_attention_on_neuron(model)
         return info
@@ -120,10 +131,51 @@ def _patch_transformers_modeling(mod: ModuleType) -> None:
     cls._finalize_model_loading = staticmethod(_finalize_model_loading)
 
 
+_generated: set[int] = set()  # ids of models whose first generate() was looked at
+
+
+def _compiled_elsewhere(model: Any) -> bool:
+    """Whether a `torch.compile(model)` wrapper of `model` exists while its own forward is
+    not compiled (generate() then runs the model uncompiled)."""
+    import gc
+
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if hasattr(model.forward, "_torchdynamo_orig_callable"):
+        return False
+    return any(isinstance(o, OptimizedModule) and o._orig_mod is model
+               for o in gc.get_objects())
+
+
+def _patch_transformers_generation(mod: ModuleType) -> None:
+    """GenerationMixin.generate: notes a first generate() that went around torch.compile."""
+    cls = mod.GenerationMixin
+    original = cls.generate
+    if getattr(original, "_neuronlocal", False):
+        return
+
+    @functools.wraps(original)
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        first = id(self) not in _generated
+        _generated.add(id(self))
+        before = dynamo_metrics.next_graph_id()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if first and dynamo_metrics.next_graph_id() == before:
+                with contextlib.suppress(Exception):  # an observation only
+                    if _compiled_elsewhere(self):
+                        core_counters.increment("hf_generate_bypassed_compile")
+
+    generate._neuronlocal = True  # type: ignore[attr-defined]
+    cls.generate = generate
+
+
 # module name -> patch, applied once right after the module has executed.
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "accelerate.utils.modeling": _patch_accelerate_modeling,
     "transformers.modeling_utils": _patch_transformers_modeling,
+    "transformers.generation.utils": _patch_transformers_generation,
 }
 
 

@@ -33,15 +33,17 @@ class _Named(fx.Interpreter):
 
 def _fake(mode: Any, x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        return mode.from_tensor(x)
+        return mode.from_tensor(x, static_shapes=True)
     return x
 
 
 def fake_inputs(example_inputs: list[Any]) -> tuple[Any, list[Any]]:
     """A fake mode and fake copies of `example_inputs` (shapes only: cheap to keep)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # A shape environment: the fake rules of while_loop and cond need one.
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     return mode, [_fake(mode, x) for x in example_inputs]
 
 
@@ -87,4 +89,6 @@ def graph_cost(gm: fx.GraphModule, example_inputs: list[Any], spec: InstanceSpec
         "band": [total / (1 + band), total * (1 + band)],
         "calibrated": total >= CALIBRATED_MIN_S,
         "top_nodes": [{"node": k, "seconds": s, "tensor_flops": f} for k, s, f in nodes],
+        # Higher-order operators run without their cost (the estimate is a lower bound).
+        "uncounted": sorted(counter.uncounted),
     }

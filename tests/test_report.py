@@ -71,10 +71,12 @@ def test_recompiles_reason_buckets_and_fallback_site(tmp_path):
     rec = r["recompiles"]
     assert len(rec) == len(lengths) - 1
     # The first recompile is Dynamo's: its failed guard names the tensor and the size.
-    assert "tensor 'ids' size mismatch at index 1. expected 5, actual 6" in rec[0]["reason"]
+    assert "tensor 'ids' size mismatch at index 1. expected 5, actual 6" in rec[0]["guard"]
     for e, (old, new) in zip(rec, zip(lengths, lengths[1:], strict=False), strict=True):
-        assert e["changed"] == [{"input": 1, "dim": 1, "before": old, "after": new}]
-        assert "step" in e["function"]
+        assert [(c["name"], c["source"], c["category"], c["dim"], c["before"], c["after"])
+                for c in e["changed"]] == [("ids", "L['ids']", "data", 1, old, new)]
+        assert e["role"] == "other" and f"ids {old} -> {new}" in e["reason"]
+        assert "seq.py:" in e["function"]  # the user's line that called the compiled step
     (b,) = r["bucket_suggestions"]
     assert (b["input"], b["dim"], b["name"], b["sizes"]) == (1, 1, "ids", lengths)
     assert b["graphs_with_buckets"] < len(lengths)
@@ -209,7 +211,7 @@ def test_duplicate_shape_and_already_bucketed_analysis():
     graphs = [g(0, [(2, 8)], "0/0"), g(1, [(2, 16)], "0/1"), g(2, [(2, 8)], "0/1")]
     res = analysis.recompiles(graphs, [], {})
     assert [e["graph"] for e in res["recompiles"]] == ["graph_1", "graph_2"]
-    assert res["recompiles"][1]["reason"].startswith("same shapes as graph_0")
+    assert "compiled again with the shapes of graph_0" in res["recompiles"][1]["reason"]
     assert res["buckets"] == []  # 8 and 16 are already the buckets one would suggest
 
 

@@ -51,12 +51,17 @@ def count_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 fakes: tuple[Any, list[Any]] | None = None) -> tuple[Counter, bool]:
     """(counter with per-node tallies, whether a backward was counted)."""
     mode, inputs = fakes or fake_inputs(example_inputs)
-    counter = Counter(replace_attention=True)
+    # A checkpointed region replays its forward in the backward, op for op; attention
+    # replaced in one and not the other (the backward may run on another thread, outside
+    # the function mode) would not replay. Its fused attention kernel is costed as one op.
+    checkpointed = any(n.target is torch.ops.higher_order.tag_activation_checkpoint
+                       for n in gm.graph.nodes)
+    counter = Counter(replace_attention=not checkpointed)
     backward = False
     with mode, counter:
         outs = _Named(gm, counter).run(*inputs)
         flat = [o for o in torch.utils._pytree.tree_leaves(outs)
-                if isinstance(o, torch.Tensor) and o.requires_grad]
+                if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None]
         if torch.is_grad_enabled() and flat:
             counter.key = "backward"
             torch.autograd.backward(flat, [torch.ones_like(o) for o in flat])

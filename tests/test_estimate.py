@@ -344,6 +344,22 @@ def test_compiled_graph_record_carries_its_estimate():
     assert est["band"][0] < est["seconds"] < est["band"][1] and not est["calibrated"]
 
 
+def test_a_graph_estimate_that_fails_is_recorded_and_the_graph_still_runs(monkeypatch):
+    from neuronlocal.core import dynamo_metrics
+
+    def boom(*args):
+        raise RuntimeError("estimator broke")
+
+    rec = dynamo_metrics.GraphRecord(0, "g_0", None, 1, [], [], 0.0, "miss", "k", False)
+    monkeypatch.setattr(dynamo_metrics, "last_record", lambda: rec)
+    monkeypatch.setattr(estimate, "graph_cost_later", boom)
+    run = capture.attach(None, [], lambda x: x + 1)
+    assert run(1) == 2
+    assert rec.estimate == {"not_estimated": "RuntimeError: estimator broke"}
+    rec.pending_estimate = lambda: boom()  # fails later, when the report asks for it
+    assert rec.as_dict()["estimate"] == {"not_estimated": "RuntimeError: estimator broke"}
+
+
 def test_capture_costs_eager_steps_and_graph_calls_and_leaves_no_mode():
     assert torch._C._len_torch_dispatch_stack() == 0
     model = torch.nn.Linear(64, 64).to("neuron")

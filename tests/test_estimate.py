@@ -344,6 +344,23 @@ def test_compiled_graph_record_carries_its_estimate():
     assert est["band"][0] < est["seconds"] < est["band"][1] and not est["calibrated"]
 
 
+def test_graph_fed_a_non_leaf_is_costed_with_its_backward():
+    """Activations cross graph breaks as non-leaf tensors: the graph's own backward is
+    costed (2 matmuls: grads of h and w), not the history of its input."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    w = torch.randn(8, 8, device="neuron", requires_grad=True)
+    h = torch.randn(4, 8, device="neuron", requires_grad=True) * 2
+    torch.compile(lambda h: (h @ w).sum(), backend=keep)(h).backward()
+    (gm, inputs), = graphs
+    cost = estimate.graph_cost(gm, inputs, SPEC)
+    assert cost["backward_tensor_flops"] == 2 * _mm_flops(4, 8, 8)
+
+
 def test_a_graph_estimate_that_fails_is_recorded_and_the_graph_still_runs(monkeypatch):
     from neuronlocal.core import dynamo_metrics
 

@@ -272,6 +272,23 @@ def test_generate_graphs_are_compared_by_name_and_role():
     assert res["buckets"] == [] and res["advice"] == []
 
 
+def test_notes_on_library_use(monkeypatch):
+    from neuronlocal.core import counters
+    from neuronlocal.report import collect
+
+    seen: dict[str, int] = {}
+    monkeypatch.setattr(counters, "user_counters", lambda: seen)
+    monkeypatch.delenv("HF_DEACTIVATE_ASYNC_LOAD", raising=False)
+    assert collect.notes(4) == []
+    seen.update(hf_weight_loads=1, hf_generate_bypassed_compile=1)
+    generate, loads = collect.notes(4)
+    assert "model.forward = torch.compile(model.forward" in generate
+    assert "on 4 ranks" in loads and "HF_DEACTIVATE_ASYNC_LOAD=1" in loads
+    assert len(collect.notes(1)) == 1  # one process: the threaded loader is fine
+    monkeypatch.setenv("HF_DEACTIVATE_ASYNC_LOAD", "1")
+    assert len(collect.notes(4)) == 1
+
+
 def test_html_charts_are_inline_svg():
     svg = render.line_chart([("neuron:0", [[0.1, 100], [0.2, 50]])], "t", limit=200)
     assert svg.startswith("<svg") and "HBM" in svg

@@ -32,9 +32,13 @@ class _Named(fx.Interpreter):
 
 
 def _fake(mode: Any, x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return mode.from_tensor(x, static_shapes=True)
-    return x
+    """A fake leaf like `x`: the graph's backward is costed, never its input's history (a
+    fake of a non-leaf input cannot be differentiated through)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    leaf = x.detach().requires_grad_(x.requires_grad) if x.requires_grad and not x.is_leaf \
+        else x
+    return mode.from_tensor(leaf, static_shapes=True)
 
 
 def fake_inputs(example_inputs: list[Any]) -> tuple[Any, list[Any]]:

@@ -94,19 +94,18 @@ def _compile_id(g: dict[str, Any]) -> tuple[str, int | None, int | None]:
     return f"{base}/{len(g['input_shapes'])} inputs", None, None
 
 
-def _function(g: dict[str, Any], frame: int | None, compile_ids: dict[str, Any]) -> str:
-    """The user's line that led to the compile (not a library wrapper), and the compiled
-    function where it is another one."""
+def _function(g: dict[str, Any], frame: int | None, compile_ids: dict[str, Any]
+              ) -> tuple[str, str]:
+    """(the user's line that led to the compile, not a library wrapper's; the function Dynamo
+    compiled, which may be such a wrapper)."""
     compiled = next((f"{m.co_name} ({m.co_filename}:{m.co_firstlineno})"
                      for cid, m in compile_ids.items()
                      if (hit := _CID.search(cid)) and frame is not None
-                     and int(hit.group(1)) == frame), None)
+                     and int(hit.group(1)) == frame), "?")
     user = g.get("extra", {}).get("user_frame")
     if not user:
-        return compiled or "?"
-    where = f"{user['function']} ({user['file']}:{user['line']})"
-    return f"{where}, compiling {compiled}" if compiled and user["function"] not in compiled \
-        else where
+        return compiled, compiled
+    return f"{user['function']} ({user['file']}:{user['line']})", compiled
 
 
 def guard_line(reason: str | None) -> str | None:
@@ -114,7 +113,8 @@ def guard_line(reason: str | None) -> str | None:
     if not reason:
         return None
     first = re.sub(r"^\d+/\d+: ", "", reason.strip().splitlines()[0])
-    return re.sub(r"\s{2,}#\s*", "  # ", first)[:240]
+    parts = [p.strip() for p in re.split(r"\s{2,}#\s*", first)]  # guard, source, location
+    return (parts[0] + (f"  # {parts[-1]}" if len(parts) > 1 else ""))[:240]
 
 
 def _guard(g: dict[str, Any], compile_ids: dict[str, Any], seen: set[str]) -> str | None:
@@ -167,12 +167,13 @@ def recompiles(graphs: list[dict[str, Any]], dynamo_recompiles: list[dict[str, A
     out: dict[str, list[dict[str, Any]]] = {"recompiles": [], "buckets": [], "advice": []}
     seen: set[str] = set()
     for key, fam in families.items():
-        function = _function(fam[0].g, frames[key], compile_ids)
+        function, compiled = _function(fam[0].g, frames[key], compile_ids)
         guards = [_guard(x.g, compile_ids, seen) for x in fam]
         buckets = _suggest(fam, function, guards)
         cache = _max_cache_len(fam, buckets)
         for i, x in enumerate(fam[1:], 1):
-            out["recompiles"].append(_explain(fam[:i], x, guards[i], function, buckets, cache))
+            out["recompiles"].append({**_explain(fam[:i], x, guards[i], function, buckets,
+                                                  cache), "compiled": compiled})
         out["buckets"] += buckets
         if cache is not None or buckets:
             out["advice"].append({"function": function, "graphs_now": len(fam),

@@ -227,7 +227,7 @@ def _estimate_snapshot() -> dict[str, Any]:
 
 def notes(world: int) -> list[str]:
     """Advice about how the run used its libraries, from what the Hugging Face glue counted."""
-    from neuronlocal.core.config import env_str
+    from neuronlocal.core.config import ConfigError, env_flag
 
     c = core_counters.user_counters()
     out = []
@@ -236,7 +236,10 @@ def notes(world: int) -> list[str]:
                    "generate() calls the model's own forward, never the wrapper. Compile the "
                    "forward instead: model.forward = torch.compile(model.forward, "
                    "backend=\"neuron\")")
-    async_off = (env_str("HF_DEACTIVATE_ASYNC_LOAD") or "").lower() in {"1", "true", "yes", "on"}
+    try:
+        async_off = env_flag("HF_DEACTIVATE_ASYNC_LOAD", False)
+    except ConfigError:  # a value transformers does not read as true either
+        async_off = False
     if c.get("hf_weight_loads") and world > 1 and not async_off:
         out.append(f"transformers loaded weights with its threaded loader on {world} ranks "
                    "(HF_DEACTIVATE_ASYNC_LOAD unset): on Trainium that loader is known to "

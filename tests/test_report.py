@@ -77,7 +77,7 @@ def test_recompiles_reason_buckets_and_fallback_site(tmp_path):
     for e, (old, new) in zip(rec, zip(lengths, lengths[1:], strict=False), strict=True):
         assert [(c["name"], c["source"], c["category"], c["dim"], c["before"], c["after"])
                 for c in e["changed"]] == [("ids", "L['ids']", "data", 1, old, new)]
-        assert e["role"] == "other" and f"ids {old} -> {new}" in e["reason"]
+        assert e["role"] == "training" and f"ids {old} -> {new}" in e["reason"]  # grad on
         assert "seq.py:" in e["function"]  # the user's line that called the compiled step
     (b,) = r["bucket_suggestions"]
     assert (b["input"], b["dim"], b["name"], b["sizes"]) == (1, 1, "ids", lengths)

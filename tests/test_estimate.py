@@ -130,6 +130,86 @@ def test_counter_costs_eager_neuron_ops_only():
     assert c.tally.tensor_flops == 2 * 16 * 32 * 8
 
 
+def _mm_flops(m: int, k: int, n: int) -> float:
+    return 2.0 * m * k * n
+
+
+def test_counter_costs_checkpointed_regions_by_their_bodies():
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    w = torch.randn(8, 8, device="neuron")
+
+    def two_mm(x):
+        return (x @ w) @ w
+
+    def flops(fn, device="neuron"):
+        c = Counter(replace_attention=False, only_device=device)
+        with c:
+            out = fn()
+        assert c.error is None and not c.uncounted
+        return c.tally.tensor_flops, out
+
+    x = torch.randn(8, 8, device="neuron", requires_grad=True)
+    plain, _ = flops(lambda: two_mm(x).sum().backward())
+    ckpt, _ = flops(lambda: torch.utils.checkpoint.checkpoint(
+        two_mm, x, use_reentrant=False).sum().backward())
+    # The backward recomputes what it needs of the forward (x @ w; checkpoint stops there).
+    assert ckpt == plain + _mm_flops(8, 8, 8)
+    # The region as torch.compile traces it, and the RNG wrappers its compiled code calls.
+    gm = make_fx(two_mm)(torch.randn(8, 8, device="neuron"))
+    tagged, out = flops(lambda: torch.ops.higher_order.tag_activation_checkpoint(gm, x))
+    assert tagged == 2 * _mm_flops(8, 8, 8) and torch.equal(out, two_mm(x))
+    # Compiled code calls these on the host aliases of neuron tensors.
+    rng, (state, drawn) = flops(lambda: run_and_save_rng_state(
+        torch.ops.aten.rand.default, [4, 4], device="cpu"), None)
+    torch.set_rng_state(state)
+    assert rng == 0 and torch.equal(drawn, torch.rand(4, 4))  # the draw is the program's own
+    a, b = torch.randn(4, 8), torch.randn(8, 8)
+    replayed, out = flops(lambda: run_with_rng_state(torch.get_rng_state(),
+                                                     torch.ops.aten.mm.default, a, b), None)
+    assert replayed == _mm_flops(4, 8, 8) and torch.equal(out, a @ b)
+
+
+@pytest.mark.parametrize("pred", [True, False])
+def test_counter_costs_cond_and_while_loop_bodies(pred):
+    from torch._higher_order_ops.cond import cond
+    from torch._higher_order_ops.while_loop import while_loop
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    w = torch.randn(8, 8)
+    x = torch.randn(8, 8)
+
+    def one(x):
+        return x @ w
+
+    def two(x):
+        return (x @ w) @ w
+
+    p = torch.tensor(pred)
+    c = Counter(replace_attention=False)
+    with c:
+        got = cond(p, two, one, (x,))
+    assert torch.equal(got, cond(p, two, one, (x,)))
+    assert c.tally.tensor_flops == (2 if pred else 1) * _mm_flops(8, 8, 8)
+
+    def loop(x):
+        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y @ w),
+                          (torch.tensor(0), x))[1]
+
+    c = Counter(replace_attention=False)
+    with c:
+        got = loop(x)
+    assert torch.allclose(got, x @ w @ w @ w)
+    assert c.tally.tensor_flops == 3 * _mm_flops(8, 8, 8)
+    # A captured graph is costed on fake tensors: the costlier branch, one loop iteration.
+    cost = estimate.graph_cost(make_fx(lambda x: cond(x.sum() > 0, two, one, (x,)))(x), [x],
+                               SPEC)
+    assert cost["tensor_flops"] == 2 * _mm_flops(8, 8, 8) and cost["uncounted"] == []
+    cost = estimate.graph_cost(make_fx(loop)(x), [x], SPEC)
+    assert cost["tensor_flops"] == _mm_flops(8, 8, 8)
+
+
 # ---- hardware facts -------------------------------------------------------------------------
 
 def test_chip_facts():
@@ -280,6 +360,39 @@ def test_compiled_graph_record_carries_its_estimate():
     est = torch.neuron.get_dynamo_metrics()["graphs"][-1]["estimate"]
     assert est["tensor_flops"] == 2 * 32 * 64 * 16
     assert est["band"][0] < est["seconds"] < est["band"][1] and not est["calibrated"]
+
+
+def test_graph_fed_a_non_leaf_is_costed_with_its_backward():
+    """Activations cross graph breaks as non-leaf tensors: the graph's own backward is
+    costed (2 matmuls: grads of h and w), not the history of its input."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    w = torch.randn(8, 8, device="neuron", requires_grad=True)
+    h = torch.randn(4, 8, device="neuron", requires_grad=True) * 2
+    torch.compile(lambda h: (h @ w).sum(), backend=keep)(h).backward()
+    (gm, inputs), = graphs
+    cost = estimate.graph_cost(gm, inputs, SPEC)
+    assert cost["backward_tensor_flops"] == 2 * _mm_flops(4, 8, 8)
+
+
+def test_a_graph_estimate_that_fails_is_recorded_and_the_graph_still_runs(monkeypatch):
+    from neuronlocal.core import dynamo_metrics
+
+    def boom(*args):
+        raise RuntimeError("estimator broke")
+
+    rec = dynamo_metrics.GraphRecord(0, "g_0", None, 1, [], [], 0.0, "miss", "k", False)
+    monkeypatch.setattr(dynamo_metrics, "last_record", lambda: rec)
+    monkeypatch.setattr(estimate, "graph_cost_later", boom)
+    run = capture.attach(None, [], lambda x: x + 1)
+    assert run(1) == 2
+    assert rec.estimate == {"not_estimated": "RuntimeError: estimator broke"}
+    rec.pending_estimate = lambda: boom()  # fails later, when the report asks for it
+    assert rec.as_dict()["estimate"] == {"not_estimated": "RuntimeError: estimator broke"}
 
 
 def test_capture_costs_eager_steps_and_graph_calls_and_leaves_no_mode():

@@ -314,6 +314,29 @@ def test_example_generate_static_cache() -> None:
 # ---------------------------------------------------------------- our glue
 
 
+def test_generate_around_compiled_model_and_weight_loads_are_counted(tiny_dir: Path) -> None:
+    """generate() calls the model's own forward: after torch.compile(model) it compiles
+    nothing. The first such generate() of a model is counted (the run report says so)."""
+    from neuronlocal.core import counters
+
+    def count(name: str) -> int:
+        return counters.user_counters().get(name, 0)
+
+    loads = count("hf_weight_loads")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir).to("neuron").eval()
+    assert count("hf_weight_loads") == loads + 1
+    ids = torch.tensor([[1, 2, 3]], device="neuron")
+    before = count("hf_generate_bypassed_compile")
+    model.generate(ids, max_new_tokens=2, do_sample=False)  # no wrapper: nothing to say
+    assert count("hf_generate_bypassed_compile") == before
+    other = transformers.LlamaForCausalLM(_cfg()).to("neuron").eval()
+    compiled = torch.compile(other, backend="neuron")
+    out = compiled.generate(ids, max_new_tokens=2, do_sample=False)
+    assert out.shape == (1, 5) and count("hf_generate_bypassed_compile") == before + 1
+    compiled.generate(ids, max_new_tokens=2, do_sample=False)  # once per model
+    assert count("hf_generate_bypassed_compile") == before + 1
+
+
 def test_hf_glue_is_lazy_and_documented() -> None:
     code = """
 import sys, torch, neuronlocal.hf as hf

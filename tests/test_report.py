@@ -4,7 +4,9 @@ the profiler trace, the metrics API and TORCH_NEURONX_LOG_LEVEL."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -72,10 +74,12 @@ def test_recompiles_reason_buckets_and_fallback_site(tmp_path):
     rec = r["recompiles"]
     assert len(rec) == len(lengths) - 1
     # The first recompile is Dynamo's: its failed guard names the tensor and the size.
-    assert "tensor 'ids' size mismatch at index 1. expected 5, actual 6" in rec[0]["reason"]
+    assert "tensor 'ids' size mismatch at index 1. expected 5, actual 6" in rec[0]["guard"]
     for e, (old, new) in zip(rec, zip(lengths, lengths[1:], strict=False), strict=True):
-        assert e["changed"] == [{"input": 1, "dim": 1, "before": old, "after": new}]
-        assert "step" in e["function"]
+        assert [(c["name"], c["source"], c["category"], c["dim"], c["before"], c["after"])
+                for c in e["changed"]] == [("ids", "L['ids']", "data", 1, old, new)]
+        assert e["role"] == "training" and f"ids {old} -> {new}" in e["reason"]  # grad on
+        assert "seq.py:" in e["function"]  # the user's line that called the compiled step
     (b,) = r["bucket_suggestions"]
     assert (b["input"], b["dim"], b["name"], b["sizes"]) == (1, 1, "ids", lengths)
     assert b["graphs_with_buckets"] < len(lengths)
@@ -210,8 +214,80 @@ def test_duplicate_shape_and_already_bucketed_analysis():
     graphs = [g(0, [(2, 8)], "0/0"), g(1, [(2, 16)], "0/1"), g(2, [(2, 8)], "0/1")]
     res = analysis.recompiles(graphs, [], {})
     assert [e["graph"] for e in res["recompiles"]] == ["graph_1", "graph_2"]
-    assert res["recompiles"][1]["reason"].startswith("same shapes as graph_0")
+    assert "compiled again with the shapes of graph_0" in res["recompiles"][1]["reason"]
     assert res["buckets"] == []  # 8 and 16 are already the buckets one would suggest
+
+
+def _generate_graphs(prompts: list[int], new_tokens: int) -> list[dict]:
+    """Records as generate() with a static cache sized per prompt makes them: a prefill and
+    a decode graph per call, the decode one fed the cache, whose length follows the prompt."""
+    ids = "L['kwargs']['input_ids']"
+    weight = "L['args'][0]._modules['lm_head']._parameters['weight']"
+    mask, keys = "L['kwargs']['attention_mask']", "L['kwargs']['cache'].layers[0].keys"
+    step = "L['kwargs']['cache'].layers[0].cumulative_length"
+    out = []
+    for p in prompts:
+        cache = p + new_tokens - 1
+        for names, shapes in (([ids, weight, step], [(1, p), (128, 64), ()]),
+                              ([ids, weight, mask, step, keys],
+                               [(1, 1), (128, 64), (1, 1, 1, cache), (), (1, 2, cache, 16)])):
+            i = len(out)
+            out.append({"graph_id": i, "graph_name": f"graph_{i}", "input_shapes": shapes,
+                        "input_dtypes": ["torch.int64"] * len(shapes), "kind": "static",
+                        "cache": "miss", "compile_seconds": 1.0,
+                        "extra": {"compile_id": f"0/{i}", "input_names": names,
+                                  "training": False, "user_frame": {
+                                      "file": "gen.py", "line": 10, "function": "<module>"}}})
+    return out
+
+
+def test_generate_graphs_are_compared_by_name_and_role():
+    res = analysis.recompiles(_generate_graphs([5, 9, 17], 4), [], {})
+    reasons = [(e["graph"], e["role"], e["reason"].split(" (")[0]) for e in res["recompiles"]]
+    assert reasons == [
+        ("graph_1", "decode", "first decode graph of this function"),
+        ("graph_2", "prefill", "prefill graph recompiled: prompt length 5 -> 9; pad prompts to "
+                               "buckets 16, 24"),
+        ("graph_3", "decode", "decode graph recompiled: static cache length 8 -> 12; set "
+                              "max_cache_len=32"),
+        ("graph_4", "prefill", "prefill graph recompiled: prompt length 9 -> 17; pad prompts "
+                               "to buckets 16, 24"),
+        ("graph_5", "decode", "decode graph recompiled: static cache length 12 -> 20; set "
+                              "max_cache_len=32")]
+    assert all(e["function"] == "<module> (gen.py:10)" for e in res["recompiles"])
+    # Data only: the mask follows the cache and the weight never changes: no bucket for them.
+    (b,) = res["buckets"]
+    assert (b["name"], b["sizes"], b["buckets"], b["graphs_with_buckets"]) == (
+        "input_ids", [5, 9, 17], [16, 24], 2)
+    # Padded to 24, a call generates 3 tokens past it: 27 rounds up to 32.
+    assert res["advice"] == [{"function": "<module> (gen.py:10)", "graphs_now": 6,
+                              "graphs_predicted": 3, "max_cache_len": 32,
+                              "buckets": {"input_ids": [16, 24]}}]
+    # The same prompts already padded, the cache fixed: nothing left to advise.
+    fixed = _generate_graphs([16, 24], 4)
+    for g in fixed:
+        g["input_shapes"] = [tuple(32 if n in (19, 27) else n for n in s)
+                             for s in g["input_shapes"]]
+    fixed = [g for g in fixed if g["graph_id"] != 3]  # the decode graph is compiled once
+    res = analysis.recompiles(fixed, [], {})
+    assert res["buckets"] == [] and res["advice"] == []
+
+
+def test_notes_on_library_use(monkeypatch):
+    from neuronlocal.core import counters
+    from neuronlocal.report import collect
+
+    seen: dict[str, int] = {}
+    monkeypatch.setattr(counters, "user_counters", lambda: seen)
+    monkeypatch.delenv("HF_DEACTIVATE_ASYNC_LOAD", raising=False)
+    assert collect.notes(4) == []
+    seen.update(hf_weight_loads=1, hf_generate_bypassed_compile=1)
+    generate, loads = collect.notes(4)
+    assert "model.forward = torch.compile(model.forward" in generate
+    assert "on 4 ranks" in loads and "HF_DEACTIVATE_ASYNC_LOAD=1" in loads
+    assert len(collect.notes(1)) == 1  # one process: the threaded loader is fine
+    monkeypatch.setenv("HF_DEACTIVATE_ASYNC_LOAD", "1")
+    assert len(collect.notes(4)) == 1
 
 
 def test_html_charts_are_inline_svg():
@@ -613,7 +689,7 @@ def test_collector_keeps_graph_break_logs_the_user_enabled():
         log.propagate = saved[1]
 
 
-GENERATE_SCRIPT = """\
+FALLBACK_GENERATE_SCRIPT = """\
 import torch, transformers
 cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
@@ -624,12 +700,132 @@ for n in (3, 5, 7):
 """
 
 
+BROKEN_ESTIMATOR = """\
+import sys
+import torch
+from neuronlocal.estimate import capture, counting
+from neuronlocal.report import analysis, collect
+
+
+def boom(*args, **kwargs):
+    raise RuntimeError("estimator broke")
+
+
+counting._may_warn = boom  # the eager op counter's own decisions
+capture.Capture._step = boom  # the optimizer-step hook
+analysis.recompiles = boom  # the report's analysis
+collect.memory = boom  # a report section
+torch.manual_seed(0)
+m = torch.nn.Linear(4, 4).to("neuron")
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(2):
+    loss = m(torch.ones(2, 4, device="neuron")).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("result", (m.weight * 2 + 1).sum(1).tolist(), round(loss.item(), 4))
+sys.exit(3)
+"""
+
+
+def test_a_failing_estimator_or_report_leaves_the_job_as_it_was(tmp_path):
+    path = script(tmp_path, "broken.py", BROKEN_ESTIMATOR)
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
+    alone = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+    assert alone.returncode == 3 and alone.stdout.startswith("result ["), alone.stderr[-2000:]
+    proc, out = run_cli(tmp_path, [str(path)])
+    assert (proc.returncode, proc.stdout) == (alone.returncode, alone.stdout), proc.stderr[-3000:]
+    r = json.loads((out / "report.json").read_text())["ranks"][0]
+    missing = "\n".join(r["not_estimated"])
+    for what in ("eager ops: RuntimeError: estimator broke",
+                 "training step: RuntimeError: estimator broke",
+                 "recompile analysis: RuntimeError: estimator broke",
+                 "memory: RuntimeError: estimator broke"):
+        assert what in missing, missing
+    assert r["memory"] == [] and r["recompiles"] == [] and r["estimate"]["steps"] == []
+    assert "not estimated: training step: RuntimeError: estimator broke" in proc.stderr
+    assert "not estimated: recompile analysis" in (out / "report.html").read_text()
+
+
+SFT_SCRIPT = """\
+import tempfile
+import torch
+from datasets import Dataset
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from trl import SFTConfig, SFTTrainer
+
+texts = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(8)]
+tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+specials = ["<unk>", "<pad>", "<eos>"]
+tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=specials))
+tok = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
+                              eos_token="<eos>")
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+args = SFTConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, max_steps=2,
+                 learning_rate=1e-3, logging_steps=1, report_to=[], torch_compile=True,
+                 max_length=16, save_strategy="no", seed=0, disable_tqdm=True)
+assert args.gradient_checkpointing  # TRL's default
+trainer = SFTTrainer(model=LlamaForCausalLM(cfg), args=args, processing_class=tok,
+                     train_dataset=Dataset.from_dict({"text": texts}))
+trainer.train()
+print("losses", [h["loss"] for h in trainer.state.log_history if "loss" in h])
+"""
+
+
+@pytest.mark.slow
+def test_compiled_sft_with_gradient_checkpointing_under_run(tmp_path):
+    """TRL's SFTTrainer(torch_compile=True) keeps activation checkpointing on; its compiled
+    code calls higher-order operators that the run's op counter must cost, not reject."""
+    proc, out = run_cli(tmp_path, [str(script(tmp_path, "sft.py", SFT_SCRIPT))], timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    losses = json.loads(proc.stdout.split("losses ", 1)[1].replace("'", '"'))
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    r = json.loads((out / "report.json").read_text())["ranks"][0]
+    assert r["run"]["error"] is None and r["not_estimated"] == []
+    training = [g for g in r["graphs"] if g["extra"]["training"]]
+    assert training and all(g["estimate"]["backward_tensor_flops"] > 0 for g in training)
+    assert all(g["extra"]["user_frame"]["file"].endswith("sft.py") for g in r["graphs"])
+    steps = r["estimate"]["steps"]
+    assert len(steps) == 2 and all(s["graph_calls"] > 0 and s["estimated_s"] > 0 for s in steps)
+
+
+GENERATE_SCRIPT = """\
+import sys
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from neuronlocal.compile.bucketing import pad_to_bucket
+
+torch.manual_seed(0)
+cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+model = LlamaForCausalLM(cfg).to("neuron").eval()
+model.forward = torch.compile(model.forward, backend="neuron")
+buckets = [int(b) for b in sys.argv[1].split(",")] if len(sys.argv) > 1 else None
+extra = {"max_cache_len": int(sys.argv[2])} if len(sys.argv) > 2 else {}
+for n in (5, 9, 17):
+    ids = torch.randint(3, 128, (1, n), device="neuron")
+    if buckets:
+        ids, mask = pad_to_bucket(ids, buckets, pad_id=0, side="left")
+        extra["attention_mask"] = mask
+    out = model.generate(ids, max_new_tokens=4, cache_implementation="static",
+                         do_sample=False, pad_token_id=0, **extra)
+    print(n, tuple(out.shape))
+"""
+
+
 @pytest.mark.slow
 def test_fallback_warnings_once_per_op_across_generate_calls(tmp_path):
     """generate() called three times under `neuronlocal run` (whose capture shows every
     fallback warning to find its call site): each fallback op is warned about once."""
     pytest.importorskip("transformers")
-    proc, out = run_cli(tmp_path, [str(script(tmp_path, "gen.py", GENERATE_SCRIPT))],
+    proc, out = run_cli(tmp_path, [str(script(tmp_path, "gen.py", FALLBACK_GENERATE_SCRIPT))],
                         env={"PYTHONWARNINGS": "always"})  # a repeat would show
     assert proc.returncode == 0, proc.stderr[-3000:]
     warned = [line.split("UserWarning: ")[1].split()[0] for line in proc.stderr.splitlines()
@@ -637,3 +833,47 @@ def test_fallback_warnings_once_per_op_across_generate_calls(tmp_path):
     assert "aten::argmax.out" in warned and len(warned) == len(set(warned)), warned
     calls = {f["op"]: f["count"] for f in _report(out)["fallback_ops"]}
     assert calls["aten::argmax.out"] >= 9  # three calls of three tokens each, warned once
+
+
+@pytest.mark.slow
+def test_generate_recompiles_are_named_and_the_advice_holds(tmp_path):
+    """Compiled forward, static cache sized per prompt: the report names the cache length as
+    the decode graphs' cause, suggests max_cache_len and prompt buckets (data only), and the
+    job replayed with them compiles the number of graphs the report predicted."""
+    path = script(tmp_path, "gen.py", GENERATE_SCRIPT)
+    proc, out = run_cli(tmp_path, [str(path)], timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads((out / "report.json").read_text())["ranks"][0]
+    rec = r["recompiles"]
+    assert len(r["graphs"]) == len(rec) + 1
+    roles = [e["role"] for e in rec]
+    assert roles.count("decode") >= 2 and roles.count("prefill") == 2
+    (advice,) = r["recompile_advice"]
+    cache = advice["max_cache_len"]
+    decode = [e for e in rec if e["role"] == "decode"]
+    first, *later = decode
+    assert first["reason"].startswith("first decode graph")
+    for e in later:
+        m = re.fullmatch(r"decode graph recompiled: static cache length (\d+) -> (\d+); "
+                         r"set max_cache_len=(\d+)", e["reason"])
+        assert m and int(m.group(3)) == cache > int(m.group(2)) > int(m.group(1)), e["reason"]
+        assert e["guard"]  # Dynamo's raw guard, kept beside the cause
+    prefill = [e for e in rec if e["role"] == "prefill"]
+    assert [e["reason"].split(";")[0] for e in prefill] == [
+        "prefill graph recompiled: prompt length 5 -> 9",
+        "prefill graph recompiled: prompt length 9 -> 17"]
+    # Attributed to the user's line, compared by name: never a weight in a suggestion.
+    assert all(e["function"].startswith(f"<module> ({path}:") for e in rec)
+    (b,) = r["bucket_suggestions"]
+    assert (b["role"], b["name"], b["dim"], b["sizes"]) == ("prefill", "input_ids", 1, [5, 9, 17])
+    assert "_parameters" not in b["source"] and b["graphs_with_buckets"] < 3
+    assert advice["graphs_predicted"] < advice["graphs_now"] == len(r["graphs"])
+
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    proc, out = run_cli(replay, [str(path), ",".join(map(str, b["buckets"])), str(cache)],
+                        timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r2 = json.loads((out / "report.json").read_text())["ranks"][0]
+    assert len(r2["graphs"]) == advice["graphs_predicted"]
+    assert r2["recompile_advice"] == [] and r2["bucket_suggestions"] == []

@@ -16,12 +16,16 @@ Patches (see `PATCHES`):
   finds out at the first forward, deep inside a compile. A model using
   `attn_implementation="flex_attention"` now fails up front when it is moved or loaded onto
   neuron, naming the fix (sdpa or eager).
-
 - kernels.kernelize (HF `kernels` 0.17): `kernelize(model, device="neuron")` swapped nothing
   and said nothing: no mapping names a layer for neuron, and transformers only marks its
   layers kernelizable with kernels>=0.18.2. On neuron it now installs neuronlocal's local
   layer mapping first (neuronlocal.kernels.hub.register: Llama's RMSNorm, MLP and rotary),
   and warns when still no layer of the model was swapped.
+- transformers.generation.utils.GenerationMixin.generate: observed, not changed. generate()
+  calls the model's own forward, so after `torch.compile(model)` it runs uncompiled; a first
+  generate() of a model that compiled nothing while a `torch.compile` wrapper of that model
+  exists is counted (`hf_generate_bypassed_compile`) and the run report says so. Weight
+  loads are counted too (`hf_weight_loads`), for the report's HF_DEACTIVATE_ASYNC_LOAD note.
 
 Checked and left alone (no patch needed): the threaded weight loader (with and without
 HF_DEACTIVATE_ASYNC_LOAD=1), peft.utils.infer_device (returns "cpu"; adapters still load onto
@@ -31,6 +35,8 @@ diffusers pipelines.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -40,6 +46,8 @@ import torch
 
 from neuronlocal import device as neuron
 from neuronlocal import patching
+from neuronlocal.core import counters as core_counters
+from neuronlocal.core import dynamo_metrics
 
 
 def _neuron_is_the_accelerator() -> bool:
@@ -117,6 +125,7 @@ def _patch_transformers_modeling(mod: ModuleType) -> None:
 
     def _finalize_model_loading(model: Any, *args: Any, **kwargs: Any) -> Any:
         info = original_finalize(model, *args, **kwargs)
+        core_counters.increment("hf_weight_loads")
         if any(p.device.type == "neuron" for p in model.parameters()):
             _flex_attention_on_neuron(model)
         return info
@@ -168,11 +177,52 @@ def _patch_kernels(mod: Any) -> None:
         mod.layer.kernelize = kernelize
 
 
+_generated: set[int] = set()  # ids of models whose first generate() was looked at
+
+
+def _compiled_elsewhere(model: Any) -> bool:
+    """Whether a `torch.compile(model)` wrapper of `model` exists while its own forward is
+    not compiled (generate() then runs the model uncompiled)."""
+    import gc
+
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if hasattr(model.forward, "_torchdynamo_orig_callable"):
+        return False
+    return any(isinstance(o, OptimizedModule) and o._orig_mod is model
+               for o in gc.get_objects())
+
+
+def _patch_transformers_generation(mod: ModuleType) -> None:
+    """GenerationMixin.generate: notes a first generate() that went around torch.compile."""
+    cls = mod.GenerationMixin
+    original = cls.generate
+    if getattr(original, "_neuronlocal", False):
+        return
+
+    @functools.wraps(original)
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        first = id(self) not in _generated
+        _generated.add(id(self))
+        before = dynamo_metrics.next_graph_id()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if first and dynamo_metrics.next_graph_id() == before:
+                with contextlib.suppress(Exception):  # an observation only
+                    if _compiled_elsewhere(self):
+                        core_counters.increment("hf_generate_bypassed_compile")
+
+    generate._neuronlocal = True  # type: ignore[attr-defined]
+    cls.generate = generate
+
+
 # module name -> patch, applied once right after the module has executed.
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "accelerate.utils.modeling": _patch_accelerate_modeling,
     "transformers.modeling_utils": _patch_transformers_modeling,
     "kernels": _patch_kernels,
+    "transformers.generation.utils": _patch_transformers_generation,
 }
 
 

@@ -336,12 +336,15 @@ class _Specializer:
         # group the graphs of one function and attach Dynamo's recompile reason.
         cid = torch._guards.CompileContext.current_compile_id()
         self.extra = {"compile_id": str(cid)} if cid is not None else {}
+        self.extra.update(metrics.graph_facts(gm))  # input names, training, user's line
         self.names: dict[tuple[Any, ...], str] = {}
         if self.positions:
             _warn_once("symbolic", "neuron compiles static shapes: a graph with dynamic "
                        "dimensions (Dynamo's automatic dynamic shapes or mark_dynamic) is "
-                       "compiled once per concrete shape, as on Trainium. Pad inputs to a few "
-                       "sizes (neuronlocal.compile.bucketing.pad_to_bucket) to bound compiles.")
+                       "compiled once per concrete shape, as on Trainium. Set "
+                       "torch._dynamo.config.automatic_dynamic_shapes = False (as TorchNeuron's "
+                       "guide does) and pad inputs to a few sizes "
+                       "(neuronlocal.compile.bucketing.pad_to_bucket) to bound compiles.")
 
     def __call__(self, *args: Any) -> Any:
         key = tuple((tuple(a.shape), tuple(a.stride())) if isinstance(a, torch.Tensor) else a

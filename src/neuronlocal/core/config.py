@@ -95,6 +95,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Accepted for compatibility; execution on the host is always synchronous.", "flag"),
     EnvVar("TORCH_DEVICE_BACKEND_AUTOLOAD", "1",
            "PyTorch's switch: 0 stops `import torch` from loading neuronlocal."),
+    EnvVar("HF_DEACTIVATE_ASYNC_LOAD", "",
+           "transformers' switch: 1 loads weights in the calling thread, as TorchNeuron's "
+           "guide sets for multi-rank runs; the run report says when a multi-rank run loaded "
+           "weights without it."),
 )
 
 _BY_NAME = {v.name: v for v in ENV_VARS}

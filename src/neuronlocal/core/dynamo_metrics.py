@@ -8,6 +8,9 @@ guard that failed) and graph breaks (with reasons) come from Dynamo's own record
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+import sysconfig
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +45,7 @@ class GraphRecord:
             try:
                 self.estimate = fn()
             except Exception as e:  # noqa: BLE001 - an estimate never breaks metrics
-                self.estimate = {"error": f"{type(e).__name__}: {e}"[:300]}
+                self.estimate = {"not_estimated": f"{type(e).__name__}: {e}"[:300]}
         return self.estimate
 
     def as_dict(self) -> dict[str, Any]:
@@ -94,6 +97,51 @@ def compile_seconds_total() -> float:
 def record(rec: GraphRecord) -> None:
     with _lock:
         _records.append(rec)
+
+
+def _source_name(node: Any) -> str | None:
+    """Dynamo's name of a graph input (`L['input_ids']`, `L['self']...weight`), if known."""
+    src = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(src, "name", None)
+    name = name() if callable(name) else name
+    return name if isinstance(name, str) else None
+
+
+_LIBRARY = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+                 | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+
+
+def user_frame() -> dict[str, Any] | None:
+    """The innermost caller outside Python's and installed libraries (transformers'
+    wrappers, torch, neuronlocal): the line of the user's program that led here."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_LIBRARY) and not path.startswith("<"):
+            return {"file": frame.f_code.co_filename, "line": frame.f_lineno,
+                    "function": frame.f_code.co_name}
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def graph_facts(gm: Any) -> dict[str, Any]:
+    """What the run report compares graphs by, from a Dynamo graph: the source name of
+    each tensor input (in input order), whether it trains, and the user's calling line.
+    Never raises: a graph whose facts cannot be read is compared by shapes only."""
+    try:
+        return _facts(gm)
+    except Exception as e:  # noqa: BLE001 - the observer never changes the outcome
+        return {"facts_error": f"not recorded: {type(e).__name__}: {e}"[:200]}
+
+
+def _facts(gm: Any) -> dict[str, Any]:
+    values = [(n, n.meta.get("example_value", n.meta.get("val"))) for n in gm.graph.nodes
+              if n.op == "placeholder"]
+    tensors = [(n, v) for n, v in values if isinstance(v, torch.Tensor)]
+    names = [_source_name(n) for n, _ in tensors]
+    return {"input_names": names if all(names) else [],
+            "training": torch.is_grad_enabled() and any(v.requires_grad for _, v in tensors),
+            "user_frame": user_frame()}
 
 
 def get_dynamo_metrics() -> dict[str, Any]:

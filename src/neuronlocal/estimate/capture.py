@@ -38,7 +38,7 @@ def attach(gm: Any, example_inputs: Any, compiled: Callable[..., Any]) -> Callab
         if _active is not None:  # a capture reports on it: estimate now, as compiled
             _resolve(rec)
     except Exception as e:  # noqa: BLE001 - an estimate must never break a compile
-        rec.estimate = {"error": f"{type(e).__name__}: {e}"[:300]}
+        rec.estimate = {"not_estimated": f"{type(e).__name__}: {e}"[:300]}
         log.debug("no estimate for %s: %s", rec.graph_name, e)
     gid = rec.graph_id
     _graphs[gid] = {"name": rec.graph_name, "record": rec}
@@ -93,6 +93,7 @@ class Capture:
         self._mark = time.perf_counter()
         self._compile_mark = 0.0  # compile seconds recorded when the step began
         self._hook: Any = None
+        self.errors: list[str] = []  # what could not be estimated, and why
 
     def start(self) -> Capture:
         global _active
@@ -120,7 +121,20 @@ class Capture:
         entry[1] += host_s
         self._step_calls[gid] = self._step_calls.get(gid, 0) + 1
 
+    def failed(self, what: str, e: BaseException) -> None:
+        """Records a failure of the estimate itself; the program goes on as without it."""
+        why = f"{what}: {type(e).__name__}: {e}"[:300]
+        if why not in self.errors:
+            self.errors.append(why)
+        log.debug("not estimated: %s", why)
+
     def _on_step(self, opt: Any, *_: Any) -> None:
+        try:  # an optimizer hook: a failure here would end the user's step
+            self._step(opt)
+        except Exception as e:  # noqa: BLE001 - the observer never changes the outcome
+            self.failed("training step", e)
+
+    def _step(self, opt: Any) -> None:
         params = [p for g in opt.param_groups for p in g["params"]]
         if params and all(p.device.type != "neuron" for p in params):
             self._close()  # a host-only optimizer (a CPU reference model): a boundary only
@@ -152,6 +166,17 @@ class Capture:
         self._mark, self._compile_mark = now, compiled
         return out
 
+    def not_estimated(self) -> list[str]:
+        """Why parts of the run have no estimate (the counter's own failures, higher-order
+        operators it ran without their cost, failed steps)."""
+        out = list(self.errors)
+        if self.counter.error:
+            out.append(f"eager ops: {self.counter.error}")
+        if self.counter.uncounted:
+            out.append("eager ops: higher-order operators run without their cost: "
+                       + ", ".join(sorted(self.counter.uncounted)))
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         """Plain data for the run report: steps, graph calls, and the summary with cost."""
         from neuronlocal.estimate import BAND, HELD_OUT_MEDIAN_ERROR, band, band_width, emulated
@@ -161,12 +186,14 @@ class Capture:
         graphs = [{"graph_id": g, "graph": _graphs.get(g, {}).get("name", str(g)),
                    "calls": int(n), "host_s_per_call": h / n if n else 0.0,
                    "estimated_s_per_call": _graph_seconds(g),
-                   "calibrated": bool(_estimate(g).get("calibrated", False))}
+                   "calibrated": bool(_estimate(g).get("calibrated", False)),
+                   "not_estimated": _estimate(g).get("not_estimated")}
                   for g, (n, h) in sorted(self.calls.items())]
         out: dict[str, Any] = {"instance": spec.name, "lnc": spec.lnc, "band": BAND,
                                "step_band": band_width("train"),
                                "held_out_median_error": HELD_OUT_MEDIAN_ERROR,
-                               "steps": list(self.steps), "graphs": graphs, "summary": None}
+                               "steps": list(self.steps), "graphs": graphs, "summary": None,
+                               "not_estimated": self.not_estimated()}
         if self.steps:
             est = statistics.median(s["estimated_s"] for s in self.steps)
             host = statistics.median(s["host_s"] - s["compile_s"] for s in self.steps)

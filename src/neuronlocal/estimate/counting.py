@@ -6,7 +6,10 @@ engines; views and allocations cost nothing. Bytes are what the op reads and wri
 upper bound on HBM traffic that the calibrated fusion factor scales down for vector work.
 On fake and meta tensors attention is one fused (flash) op, as Trainium's attention kernels
 run it: its S x S scores stay on chip (on real tensors it is costed as the ops that run).
-`Counter` is the dispatch mode that adds every op it sees to a `Tally`.
+`Counter` is the dispatch mode that adds every op it sees to a `Tally`. Higher-order
+operators (torch.cond, while_loop, invoke_subgraph, the RNG wrappers of activation
+checkpointing, flex attention) are costed by their bodies, which run as they would without
+the mode; one it does not know runs uncounted and is named in `Counter.uncounted`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
@@ -43,6 +47,13 @@ _SCATTERS = {"copy_", "index_copy_", "index_copy", "index_put_", "index_put", "_
              "scatter_", "scatter", "index_add_", "slice_scatter", "select_scatter",
              "masked_scatter_", "index_fill_"}
 VECTOR_OPS_PER_SCORE = 5  # max, subtract, exp, sum, scale per attention score (softmax)
+# Higher-order operators whose bodies run inside them: the argument positions of the bodies.
+# cond costs its costlier branch (a fake run traces both; a real one runs one).
+_BODIES = {"cond": (1, 2), "while_loop": (0, 1), "while_loop_stack_output": (0, 1),
+           "invoke_subgraph": (0,), "wrap": (0,), "wrap_with_set_grad_enabled": (1,)}
+# The RNG wrappers of checkpointed regions run one ATen op: the position of that op.
+_RNG_OPS = {"run_and_save_rng_state": 0, "run_with_rng_state": 1,
+            "graphsafe_run_with_rng_state": 0}
 
 
 class OpCost(NamedTuple):
@@ -301,6 +312,8 @@ class Counter(TorchDispatchMode):
     warnings keep the program's line as their location.
     """
 
+    supports_higher_order_operators = True  # handled in `_higher_order`
+
     def __init__(self, replace_attention: bool = True, only_device: str | None = None) -> None:
         super().__init__()
         self.tally = Tally()
@@ -308,6 +321,9 @@ class Counter(TorchDispatchMode):
         self.key: str | None = None
         self.only_device = only_device
         self._paused = 0
+        self._bodies: list[Tally] = []  # tallies of higher-order bodies running now
+        self.uncounted: set[str] = set()  # higher-order operators run without their cost
+        self.error: str | None = None  # the first failure of the counting itself
         # On real tensors (eager capture) attention runs as the program runs it, op by op.
         self._attention = _AttentionMode() if replace_attention else None
 
@@ -316,6 +332,9 @@ class Counter(TorchDispatchMode):
         return True  # torch.compile keeps compiling; compiled graphs are costed on their own
 
     def add(self, cost: OpCost, times: float = 1.0) -> None:
+        if self._bodies:
+            self._bodies[-1].add(cost, times)
+            return
         self.tally.add(cost, times)
         if self.key is not None:
             self.per_key.setdefault(self.key, Tally()).add(cost, times)
@@ -343,18 +362,32 @@ class Counter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if self.only_device is None:
-            out = func(*args, **kwargs)
-            if not self._paused:
-                self._count(func, args, kwargs, out, None)
-            return out
-        ins = _tensors((args, kwargs))
-        mine = any(t.device.type == self.only_device for t in ins)
-        out = _call(func, args, kwargs) if mine and _may_warn(func, ins) else \
-            func(*args, **kwargs)
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order(func, args, kwargs)
+        try:  # the observer's own decisions: a failure here only stops the counting
+            decompose = bool(self._bodies) and _composite(func)
+            ins = _tensors((args, kwargs)) if self.only_device is not None else None
+            mine = ins is None or any(t.device.type == self.only_device for t in ins)
+            warn = ins is not None and mine and _may_warn(func, ins)
+        except Exception as e:  # noqa: BLE001 - counting must never break the program
+            self.failed(e)
+            decompose = mine = warn = False
+        if decompose:
+            # Below autograd (inside a higher-order body) a composite op such as matmul
+            # arrives whole: its decomposition runs anyway, so run it here, costed op by op.
+            with self._resumed():
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = _call(func, args, kwargs) if warn else func(*args, **kwargs)
         if mine and not self._paused:
             self._count(func, args, kwargs, out, ins)
         return out
+
+    def failed(self, e: BaseException) -> None:
+        """Records the first failure of the counting itself ("not estimated: why")."""
+        if self.error is None:
+            self.error = f"{type(e).__name__}: {e}"[:300]
 
     def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                ins: list[torch.Tensor] | None) -> None:
@@ -362,5 +395,99 @@ class Counter(TorchDispatchMode):
             cost = op_cost(func, args, kwargs, out, ins)
             if cost is not None:
                 self.add(cost)
-        except Exception:  # noqa: BLE001 - counting must never break the program
+        except Exception:  # noqa: BLE001 - an op without a cost rule is left out
             pass
+
+    def _mine(self, args: Any, kwargs: dict[str, Any]) -> bool:
+        return self.only_device is None or any(
+            t.device.type == self.only_device for t in _tensors((args, kwargs)))
+
+    @contextmanager
+    def _resumed(self) -> Iterator[None]:
+        """This mode back on the stack (the dispatcher pops it while it handles an op)."""
+        TorchDispatchMode.__enter__(self)
+        try:
+            yield
+        finally:
+            TorchDispatchMode.__exit__(self, None, None, None)
+
+    def _higher_order(self, func: HigherOrderOperator, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+        """Runs a higher-order operator as it runs without this mode, costing its bodies."""
+        name = func.name()
+        try:
+            counting = not self._paused and self._mine(args, kwargs)
+        except Exception as e:  # noqa: BLE001 - counting must never break the program
+            self.failed(e)
+            counting = False
+        if name in _RNG_OPS:
+            at = _RNG_OPS[name]
+            out = func(*args, **kwargs)
+            if counting:
+                inner = out[1] if name == "run_and_save_rng_state" else out
+                op_kwargs = {k: v for k, v in kwargs.items() if k != "rng_state"}
+                self._count(args[at], tuple(args[at + 1:]), op_kwargs, inner, None)
+            return out
+        if name.startswith("flex_attention"):
+            out = func(*args, **kwargs)
+            if counting:
+                self._count_flex(name, args)
+            return out
+        if name not in _BODIES:
+            self.uncounted.add(name)
+            return func(*args, **kwargs)
+        ran: list[Tally] = []
+        bodies = set(_BODIES[name])
+        wrapped = tuple(self._body(a, ran) if i in bodies and callable(a) else a
+                        for i, a in enumerate(args))
+        out = func(*wrapped, **kwargs)
+        if counting:
+            for cost, n in _costliest(ran).ops.items() if name == "cond" else (
+                    (c, n) for t in ran for c, n in t.ops.items()):
+                self.add(cost, n)
+        return out
+
+    def _body(self, fn: Callable[..., Any], ran: list[Tally]) -> Callable[..., Any]:
+        """`fn` run with this mode back on, its ops added to a tally of their own."""
+        def run(*a: Any, **kw: Any) -> Any:
+            tally = Tally()
+            self._bodies.append(tally)
+            try:
+                with self._resumed():
+                    return fn(*a, **kw)
+            finally:
+                self._bodies.pop()
+                ran.append(tally)
+
+        if getattr(fn, "_boxed_call", False):
+            run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    def _count_flex(self, name: str, args: tuple[Any, ...]) -> None:
+        try:
+            q, k, v = args[:3]
+            self.add(attention_cost(q.shape, k.shape, v.shape, False, dtype_class(q.dtype),
+                                    q.element_size(), backward=name.endswith("backward")))
+        except Exception:  # noqa: BLE001 - counting must never break the program
+            self.uncounted.add(name)
+
+
+_COMPOSITE: dict[Any, bool] = {}
+
+
+def _composite(func: Any) -> bool:
+    """Whether an op is implemented by decomposition (CompositeImplicitAutograd)."""
+    hit = _COMPOSITE.get(func)
+    if hit is None:
+        try:
+            hit = func.has_kernel_for_dispatch_key(
+                torch._C.DispatchKey.CompositeImplicitAutograd)
+        except RuntimeError:  # ops the dispatcher does not list (prim::device)
+            hit = False
+        _COMPOSITE[func] = hit
+    return hit
+
+
+def _costliest(tallies: list[Tally]) -> Tally:
+    """The tally that costs most tensor FLOPs plus bytes (the branch of a cond to count)."""
+    return max(tallies, key=lambda t: (t.tensor_flops, t.total("bytes")), default=Tally())

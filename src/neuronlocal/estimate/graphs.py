@@ -32,16 +32,22 @@ class _Named(fx.Interpreter):
 
 
 def _fake(mode: Any, x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return mode.from_tensor(x)
-    return x
+    """A fake leaf like `x`: the graph's backward is costed, never its input's history (a
+    fake of a non-leaf input cannot be differentiated through)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    leaf = x.detach().requires_grad_(x.requires_grad) if x.requires_grad and not x.is_leaf \
+        else x
+    return mode.from_tensor(leaf, static_shapes=True)
 
 
 def fake_inputs(example_inputs: list[Any]) -> tuple[Any, list[Any]]:
     """A fake mode and fake copies of `example_inputs` (shapes only: cheap to keep)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # A shape environment: the fake rules of while_loop and cond need one.
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     return mode, [_fake(mode, x) for x in example_inputs]
 
 
@@ -49,12 +55,17 @@ def count_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 fakes: tuple[Any, list[Any]] | None = None) -> tuple[Counter, bool]:
     """(counter with per-node tallies, whether a backward was counted)."""
     mode, inputs = fakes or fake_inputs(example_inputs)
-    counter = Counter(replace_attention=True)
+    # A checkpointed region replays its forward in the backward, op for op; attention
+    # replaced in one and not the other (the backward may run on another thread, outside
+    # the function mode) would not replay. Its fused attention kernel is costed as one op.
+    checkpointed = any(n.target is torch.ops.higher_order.tag_activation_checkpoint
+                       for n in gm.graph.nodes)
+    counter = Counter(replace_attention=not checkpointed)
     backward = False
     with mode, counter:
         outs = _Named(gm, counter).run(*inputs)
         flat = [o for o in torch.utils._pytree.tree_leaves(outs)
-                if isinstance(o, torch.Tensor) and o.requires_grad]
+                if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None]
         if torch.is_grad_enabled() and flat:
             counter.key = "backward"
             torch.autograd.backward(flat, [torch.ones_like(o) for o in flat])
@@ -87,4 +98,6 @@ def graph_cost(gm: fx.GraphModule, example_inputs: list[Any], spec: InstanceSpec
         "band": [total / (1 + band), total * (1 + band)],
         "calibrated": total >= CALIBRATED_MIN_S,
         "top_nodes": [{"node": k, "seconds": s, "tensor_flops": f} for k, s, f in nodes],
+        # Higher-order operators run without their cost (the estimate is a lower bound).
+        "uncounted": sorted(counter.uncounted),
     }

@@ -41,7 +41,8 @@ def tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
                     _ms(g["estimated_s_per_call"]),
                     _band([g["estimated_s_per_call"] / (1 + e["band"]),
                            g["estimated_s_per_call"] * (1 + e["band"])]),
-                    "" if g["calibrated"] else BELOW]
+                    f"not estimated: {g['not_estimated']}"[:120] if g.get("not_estimated")
+                    else "" if g["calibrated"] else BELOW]
               for rk, e in ranks for g in e.get("graphs", [])]
     steps = [rk + [str(s["step"]), _ms(_run_s(s)), f"{s.get('compile_s', 0.0):.2f}",
                    _ms(s["estimated_s"]), _band(s["band_s"]), str(s["eager_ops"]),

@@ -17,6 +17,7 @@ import re
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ class _State:
     started: float = field(default_factory=time.time)
     fallback_sites: dict[str, dict[str, Any]] = field(default_factory=dict)
     breaks: list[dict[str, Any]] = field(default_factory=list)
+    not_estimated: list[str] = field(default_factory=list)  # parts the report lacks, and why
 
 
 class _BreakHandler(logging.Handler):
@@ -101,7 +103,10 @@ class Collector:
         warnings.filterwarnings("always", message=r"\S+::\S+ executed via CPU fallback")
         warnings.showwarning = self._showwarning
         self.state.started = time.time()
-        self.estimate = estimate_capture.start()  # estimated Trainium time per step and graph
+        try:  # estimated Trainium time per step and graph; the run goes on without it
+            self.estimate = estimate_capture.start()
+        except Exception as e:  # noqa: BLE001 - the observer never changes the outcome
+            self.state.not_estimated.append(f"estimate: could not start: {type(e).__name__}: {e}")
         _active = self
         return self
 
@@ -225,16 +230,64 @@ def _estimate_snapshot() -> dict[str, Any]:
     return estimate.snapshot() if estimate is not None else {}
 
 
+def notes(world: int) -> list[str]:
+    """Advice about how the run used its libraries, from what the Hugging Face glue counted."""
+    from neuronlocal.core.config import ConfigError, env_flag
+
+    c = core_counters.user_counters()
+    out = []
+    if c.get("hf_generate_bypassed_compile"):
+        out.append("model.generate() ran uncompiled: torch.compile(model) wraps the model, but "
+                   "generate() calls the model's own forward, never the wrapper. Compile the "
+                   "forward instead: model.forward = torch.compile(model.forward, "
+                   "backend=\"neuron\")")
+    try:
+        async_off = env_flag("HF_DEACTIVATE_ASYNC_LOAD", False)
+    except ConfigError:  # a value transformers does not read as true either
+        async_off = False
+    if c.get("hf_weight_loads") and world > 1 and not async_off:
+        out.append(f"transformers loaded weights with its threaded loader on {world} ranks "
+                   "(HF_DEACTIVATE_ASYNC_LOAD unset): on Trainium that loader is known to "
+                   "hang multi-rank jobs; set HF_DEACTIVATE_ASYNC_LOAD=1, as TorchNeuron's "
+                   "guide does")
+    return out
+
+
+def _safe(what: str, fn: Callable[[], Any], default: Any, missing: list[str]) -> Any:
+    """fn(), or `default` with "what: why" added to `missing` (a report section that fails
+    is left out and says so; the run and the rest of the report go on)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the observer never changes the outcome
+        missing.append(f"{what}: {type(e).__name__}: {e}"[:300])
+        return default
+
+
+def not_estimated(graphs: list[dict[str, Any]], estimate: dict[str, Any]) -> list[str]:
+    """Why parts of the estimate are missing: per graph, then the eager capture's own."""
+    out = [f"graph {g['graph_name']}: {g['estimate']['not_estimated']}" for g in graphs
+           if (g.get("estimate") or {}).get("not_estimated")]
+    out += [f"graph {g['graph_name']}: higher-order operators without their cost: "
+            + ", ".join(g["estimate"]["uncounted"]) for g in graphs
+            if (g.get("estimate") or {}).get("uncounted")]
+    return out + list(estimate.get("not_estimated") or [])
+
+
 def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report of this process so far, as plain data (one rank of a run)."""
     from neuronlocal.core import dynamo_metrics as compile_metrics
     from neuronlocal.eager import tracking
 
     state = _active.state if _active is not None else _State(started=time.time())
-    dyn = compile_metrics.get_dynamo_metrics()
-    compile_ids = {str(m.compile_id): m for m in torch._dynamo.utils.get_compilation_metrics()}
+    missing = list(state.not_estimated)
+    empty = {"graphs": [], "recompiles": [], "graph_breaks": [], "compile_seconds": 0.0}
+    dyn = _safe("compiled graphs", compile_metrics.get_dynamo_metrics, empty, missing)
     graphs = dyn["graphs"]
-    families = analysis.recompiles(graphs, dyn["recompiles"], compile_ids)
+    families = _safe("recompile analysis", lambda: analysis.recompiles(
+        graphs, dyn["recompiles"], {str(m.compile_id): m for m in
+                                    torch._dynamo.utils.get_compilation_metrics()}),
+        {"recompiles": [], "buckets": [], "advice": []}, missing)
+    estimate = _safe("estimate", _estimate_snapshot, {}, missing)
     rank, world = _rank_world()
     return {
         "schema": SCHEMA,
@@ -251,12 +304,17 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
         "recompiles": families["recompiles"],
         "dynamo_recompiles": dyn["recompiles"],
         "bucket_suggestions": families["buckets"],
-        "graph_breaks": _breaks(state.breaks),
-        "fallback_ops": _fallbacks(state.fallback_sites),
+        "recompile_advice": families["advice"],
+        "graph_breaks": _safe("graph breaks", lambda: _breaks(state.breaks), [], missing),
+        "fallback_ops": _safe("fallback ops", lambda: _fallbacks(state.fallback_sites), [],
+                              missing),
         "downcast_ops": dict(sorted(tracking.get_downcast_ops().items())),
         "eager_ops": dict(sorted(tracking.get_executed_ops().items(), key=lambda kv: -kv[1])),
-        "memory": memory(),
+        "memory": _safe("memory", memory, [], missing),
         "collectives": core_counters.get_collectives(),
-        "counters": counters(),
-        "estimate": _estimate_snapshot(),
+        "counters": _safe("counters", counters, {}, missing),
+        "estimate": estimate,
+        "notes": _safe("notes", lambda: notes(world), [], missing),
+        "not_estimated": missing + _safe("estimate", lambda: not_estimated(graphs, estimate),
+                                         [], missing),
     }

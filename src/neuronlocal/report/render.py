@@ -138,6 +138,22 @@ def _rank_findings(r: dict[str, Any]) -> list[str]:
         out.append(f"{len(r['fallback_ops'])} op(s) ran on the host CPU ({n} calls)")
     if r["graph_breaks"]:
         out.append(f"{sum(b['count'] for b in r['graph_breaks'])} graph break(s)")
+    out += findings(r)
+    return out
+
+
+def findings(r: dict[str, Any]) -> list[str]:
+    """A rank's recompile advice with the graph count it predicts, notes on how the run used
+    its libraries, and what could not be estimated (and why)."""
+    out = []
+    for a in r.get("recompile_advice", []):
+        todo = [f"max_cache_len={a['max_cache_len']}"] if a.get("max_cache_len") else []
+        todo += [f"{name} padded to {', '.join(map(str, b))}"
+                 for name, b in a.get("buckets", {}).items()]
+        out.append(f"{a['function']}: {a['graphs_now']} graphs; with {' and '.join(todo)}: "
+                   f"{a['graphs_predicted']} (predicted)")
+    out += list(r.get("notes", []))
+    out += [f"not estimated: {why}" for why in r.get("not_estimated", [])]
     return out
 
 
@@ -198,13 +214,15 @@ def sections(rep: dict[str, Any]) -> list[Section]:
                           f"{g['compile_seconds']:.2f}", g["cache"]]
                  for r in ranks for g in r["graphs"]], "no graphs compiled"),
         Section(ESTIMATE, [], []),
-        Section("Recompilations", rc + ["graph", "function", "kind", "cache", "reason"],
-                [rk(r) + [e["graph"], e["function"], e["kind"], e["cache"], e["reason"]]
+        Section("Recompilations", rc + ["graph", "function", "role", "kind", "cache", "cause",
+                                        "Dynamo's guard"],
+                [rk(r) + [e["graph"], e["function"], e.get("role", ""), e["kind"], e["cache"],
+                          e["reason"], e.get("guard") or ""]
                  for r in ranks for e in r["recompiles"]], "no recompilations"),
         Section("Suggested buckets (pad to these sizes: bucketing.pad_to_bucket)",
                 rc + ["function", "dimension", "sizes seen", "buckets", "graphs"],
-                [rk(r) + [b["function"], f"input {b['input']} dim {b['dim']}"
-                          + (f" ({b['name']})" if b.get("name") else ""),
+                [rk(r) + [b["function"], f"{b.get('name') or 'input ' + str(b['input'])} "
+                          f"dim {b['dim']}" + "".join(f", {x}" for x in b.get("also", [])),
                           ", ".join(map(str, b["sizes"])), ", ".join(map(str, b["buckets"])),
                           f"{b['graphs_now']} -> {b['graphs_with_buckets']}"]
                  for r in ranks for b in r["bucket_suggestions"]], "nothing to bucket",

@@ -306,6 +306,22 @@ class NeffCache:
         write_private(self.entry_path(state.root, key),  # type: ignore[arg-type]
                       json.dumps(entry, indent=1))
 
+    def mark(self, key: str, graph_name: str) -> str:
+        """"hit" when `key` has an entry (this process or on disk), else records one and says
+        "miss": the cache semantics of a graph the eager compiler runs, whose compile leaves
+        no artifact (on Trainium, a hit skips neuronx-cc)."""
+        if key in self.memory:
+            return "hit"
+        state = self.state()
+        if state.mode == "off":
+            return "miss"
+        if state.mode == "rw":
+            self.memory[key] = True
+        if self.lookup(key, state) is not None:
+            return "hit"
+        self.store(key, graph_name, None, state)
+        return "miss"
+
 
 _STOCK_PRECOMPILE: Any = None  # Inductor's own _precompile_header, before any patch
 _PRECOMPILE_IN: dict[str, Any] = {}
@@ -371,23 +387,6 @@ def _private_inductor_paths(target: Path) -> contextlib.ExitStack:
     stack.enter_context(mock.patch.object(codecache, "_precompile_header",
                                           _precompile_header_in(str(headers))))
     return stack
-
-
-    def mark(self, key: str, graph_name: str) -> str:
-        """"hit" when `key` has an entry (this process or on disk), else records one and says
-        "miss": the cache semantics of a graph the eager compiler runs, whose compile leaves
-        no artifact (on Trainium, a hit skips neuronx-cc)."""
-        if key in self.memory:
-            return "hit"
-        state = self.state()
-        if state.mode == "off":
-            return "miss"
-        if state.mode == "rw":
-            self.memory[key] = True
-        if self.lookup(key, state) is not None:
-            return "hit"
-        self.store(key, graph_name, None, state)
-        return "miss"
 
 
 @contextlib.contextmanager

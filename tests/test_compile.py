@@ -371,6 +371,30 @@ def test_compiled_dropout_draws_what_eager_draws():
     assert torch.equal(got.cpu(), want.cpu()) and torch.equal(x.grad.cpu(), want_grad.cpu())
 
 
+def test_checkpointed_dropout_replays_its_mask_in_backward():
+    """Activation checkpointing with dropout inside, compiled: AOTAutograd's RNG wrappers
+    save the core's generator state in forward and replay it in backward, so loss and
+    gradients are eager's exactly (TRL trains with checkpointing on by default)."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 16).to("neuron")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(lambda y: nn.functional.dropout(lin(y), 0.5, training=True).relu(),
+                          x, use_reentrant=False).sum()
+
+    x = torch.randn(8, 16, device="neuron", requires_grad=True)
+    torch.manual_seed(1)
+    want = f(x)
+    want.backward()
+    want_grad, x.grad = x.grad.clone(), None
+    torch.manual_seed(1)
+    got = torch.compile(f, backend="neuron")(x)
+    got.backward()
+    assert torch.equal(got.cpu(), want.cpu()) and torch.equal(x.grad.cpu(), want_grad.cpu())
+
+
 def test_dynamic_true_rejected():
     fn = torch.compile(lambda x: x + 1, backend="neuron", dynamic=True)
     with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):

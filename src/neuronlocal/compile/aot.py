@@ -17,6 +17,71 @@ import torch
 from torch import fx
 
 
+def _neuron_rng_wrappers() -> None:
+    """Activation checkpointing under compile: AOTAutograd's partitioner replays a
+    checkpointed region's random ops in the backward with the generator state the forward
+    saw, through two wrappers (`run_and_save_rng_state`, `run_with_rng_state`) that know
+    CPU, CUDA, HPU and XPU only. Neuron gets the same on the core's generator, in the three
+    places they dispatch: at run time, on fake tensors, and while AOTAutograd traces."""
+    from torch._C import DispatchKey
+    from torch._higher_order_ops.utils import registered_hop_fake_fns
+    from torch._prims import rng_prims
+    from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_tensor_tree
+    from torch.utils import _pytree as pytree
+
+    save, replay = rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state
+    if getattr(save, "_neuronlocal", False):
+        return
+
+    def on_neuron(args: Any, kwargs: Any) -> bool:
+        return rng_prims.get_device(args, kwargs) == "neuron"
+
+    def save_neuron(op: Any, *args: Any, **kwargs: Any) -> Any:
+        return torch.neuron.get_rng_state(), op(*args, **kwargs)
+
+    def replay_neuron(rng_state: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        current = torch.neuron.get_rng_state()
+        torch.neuron.set_rng_state(rng_state.cpu())
+        try:
+            return op(*args, **kwargs)
+        finally:
+            torch.neuron.set_rng_state(current)
+
+    stock_save = save.py_kernels[DispatchKey.BackendSelect]
+    stock_replay = replay.py_kernels[DispatchKey.BackendSelect]
+    stock_fake = registered_hop_fake_fns[save]
+    stock_proxy = save.python_key_table[ProxyTorchDispatchMode]
+
+    def save_backend(op: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = save_neuron if on_neuron(args, kwargs) else stock_save
+        return fn(op, *args, **kwargs)
+
+    def replay_backend(rng_state: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = replay_neuron if on_neuron(args, kwargs) else stock_replay
+        return fn(rng_state, op, *args, **kwargs)
+
+    def save_fake(op: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = save_neuron if on_neuron(args, kwargs) else stock_fake
+        return fn(op, *args, **kwargs)
+
+    def save_proxy(mode: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        if not on_neuron(args, kwargs):
+            return stock_proxy(mode, op, *args, **kwargs)
+        out = save_neuron(op, *args, **kwargs)
+        proxy_args = pytree.tree_map(mode.tracer.unwrap_proxy, (op, *args))
+        proxy_kwargs = pytree.tree_map(mode.tracer.unwrap_proxy, kwargs)
+        proxy = mode.tracer.create_proxy("call_function", save, proxy_args, proxy_kwargs)
+        return track_tensor_tree(out, proxy, constant=None, tracer=mode.tracer)
+
+    save.py_kernels[DispatchKey.BackendSelect] = save_backend
+    replay.py_kernels[DispatchKey.BackendSelect] = replay_backend
+    registered_hop_fake_fns[save] = save_fake
+    save.python_key_table[ProxyTorchDispatchMode] = save_proxy
+    for hop in (save, replay):
+        hop._dispatch_cache.clear()
+    save._neuronlocal = True  # type: ignore[attr-defined]
+
+
 def _runner(part: str, sizes: dict[str, int]) -> Callable[..., Any]:
     def compile_part(inner: fx.GraphModule, examples: Sequence[Any]) -> Callable[..., Any]:
         from torch._functorch.aot_autograd import make_boxed_func
@@ -48,6 +113,7 @@ def compile_parts(gm: fx.GraphModule, args: Sequence[Any]) -> tuple[Callable[...
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    _neuron_rng_wrappers()
     sizes: dict[str, int] = {}
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())  # static: every size is an integer
     fakes = [fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a

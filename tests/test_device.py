@@ -215,3 +215,38 @@ def _dropout_matches_cpu_after_seed() -> bool:
     torch.manual_seed(2)
     got = torch.nn.functional.dropout(torch.ones(64, device="neuron"), 0.5)
     return bool(torch.equal(got.cpu(), want))
+
+
+def test_amp_aliases_as_torch_cuda_amp():
+    """Code ported from CUDA: torch.neuron.amp.autocast / GradScaler / custom_fwd train."""
+    import torch.neuron.amp as amp
+
+    assert amp is torch.neuron.amp
+    model = torch.nn.Linear(8, 8).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = amp.GradScaler(init_scale=4.0)
+    with amp.autocast():
+        out = model(torch.randn(4, 8, device="neuron"))
+    assert out.dtype == torch.get_autocast_dtype("neuron")
+    with amp.autocast(dtype=torch.bfloat16):
+        assert model(torch.randn(4, 8, device="neuron")).dtype == torch.bfloat16
+    before = model.weight.detach().clone()
+    scaler.scale(out.float().sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 4.0 and not torch.equal(before, model.weight.detach())
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        @amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        @amp.custom_bwd
+        def backward(ctx, g):
+            return g * 2
+
+    with amp.autocast():
+        y = Double.apply(torch.ones(2, device="neuron", dtype=torch.bfloat16))
+    assert y.dtype == torch.float32

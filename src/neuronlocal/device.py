@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from neuronlocal import _C
+from neuronlocal import amp as amp  # torch.neuron.amp, as torch.cuda.amp
 from neuronlocal.core import state as _state
 from neuronlocal.memory import *  # noqa: F403  (the memory API is part of torch.neuron)
 from neuronlocal.memory import Device, device_index

@@ -27,7 +27,7 @@ def test_device_count_and_selection():
     assert torch.neuron.current_device() == 0
     with pytest.raises(ValueError, match="Invalid device id: 7. Valid range is 0 to 3"):
         torch.neuron.set_device(7)
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(RuntimeError, match="Device index 9 is out of range"):
         torch.empty(1, device="neuron:9")
 
 

@@ -89,7 +89,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Accepted for compatibility; execution on the host is always synchronous.", "flag"),
     EnvVar("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "0",
            "TorchNeuron's build variable (release value 0, set by `import torch_neuronx`); "
-           "read by `torch_neuronx.utils`, no other effect here.", "flag"),
+           "1 makes `contiguous()` with a memory format other than contiguous/preserve an "
+           "error, as in TorchNeuron's development builds.", "flag"),
     EnvVar("TORCH_NEURONX_MLIR_ATEN_OPS", "1",
            "TorchNeuron's build variable (release value 1, set by `import torch_neuronx`); "
            "read by `torch_neuronx.utils.use_mlir_aten_ops`, no other effect here.", "flag"),

@@ -6,8 +6,8 @@ TorchNeuron: one job per (device, backend), DDP, FSDP2, TP (+ sequence
 parallel) and TP x FSDP with activation checkpointing, dumping loss per step, grads and
 parameters per rank for the test to compare (`--model llama`: a small HF Llama, sharded per
 decoder layer; `--model mlp`: two linear layers). `sft`: TRL's SFTTrainer with
-torch_compile=True. `die`: rank 1 exits mid-job. `mismatch`: ranks pass different shapes.
-`exit`: DDP trains and returns.
+torch_compile=True. `syncbn`: nn.SyncBatchNorm under DDP. `die`: rank 1 exits mid-job.
+`mismatch`: ranks pass different shapes. `exit`: DDP trains and returns.
 """
 
 from __future__ import annotations
@@ -416,6 +416,46 @@ def exit_after_training(out: Path) -> None:
     dist.destroy_process_group()
 
 
+def sync_batch_norm(out: Path) -> None:
+    """nn.SyncBatchNorm under DDP on neuron: each rank normalises its half of one batch with
+    the statistics of the whole batch, so its outputs, input gradients and running statistics
+    equal a plain BatchNorm over the whole batch on CPU; then a few training steps."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(backend="neuron")
+    r, w = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    x_all, g_all = torch.randn(4 * w, 3, 5, 5), torch.randn(4 * w, 3, 5, 5)
+    ref = nn.BatchNorm2d(3)
+    x_ref = x_all.clone().requires_grad_()
+    y_ref = ref(x_ref)
+    (y_ref * g_all).sum().backward()
+    mine = slice(4 * r, 4 * (r + 1))
+    model = DDP(nn.SyncBatchNorm(3).to("neuron"))
+    x = x_all[mine].to("neuron").requires_grad_()
+    y = model(x)
+    (y * g_all[mine].to("neuron")).sum().backward()
+    bn = model.module
+    res: dict[str, Any] = {
+        "out": torch.allclose(y.detach().cpu(), y_ref[mine].detach(), atol=1e-5),
+        "grad_input": torch.allclose(x.grad.cpu(), x_ref.grad[mine], atol=1e-4),
+        "running_mean": torch.allclose(bn.running_mean.cpu(), ref.running_mean, atol=1e-5),
+        "running_var": torch.allclose(bn.running_var.cpu(), ref.running_var, atol=1e-5),
+        "grad_weight": torch.allclose(bn.weight.grad.cpu(), ref.weight.grad / w, atol=1e-4),
+    }
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = (model(x_all[mine].to("neuron")) * g_all[mine].to("neuron")).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    res["losses"] = losses
+    (out / f"syncbn_{r}.json").write_text(json.dumps(res))
+    dist.destroy_process_group()
+
+
 def sft(out: Path, device_type: str, backend: str, compiled: bool) -> None:
     """TRL's SFTTrainer (torch_compile=`compiled`) on every rank, DDP through accelerate. SGD,
     so parameter differences track gradient differences (Adam's first steps are sign-like)."""
@@ -459,7 +499,8 @@ def sft(out: Path, device_type: str, backend: str, compiled: bool) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("job", choices=["collectives", "train", "die", "mismatch", "exit", "sft"])
+    p.add_argument("job", choices=["collectives", "train", "die", "mismatch", "exit", "sft",
+                                   "syncbn"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="neuron")
     p.add_argument("--backend", default="neuron")
@@ -478,6 +519,8 @@ def main() -> None:
         exit_after_training(a.out)
     elif a.job == "sft":
         sft(a.out, a.device, a.backend, a.compiled)
+    elif a.job == "syncbn":
+        sync_batch_norm(a.out)
     else:
         mismatch(a.out)
     sys.exit(0)

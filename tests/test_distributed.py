@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import socket
 import subprocess
@@ -170,6 +171,15 @@ def test_collectives_on_four_ranks(tmp_path):
             assert "send_recv" in res
         if rank == 0:
             assert {"reduce", "gather"} <= set(res)
+
+
+def test_sync_batch_norm_trains_on_two_ranks(tmp_path):
+    r = torchrun(["syncbn", "--out", str(tmp_path)], 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for res in results(tmp_path, "syncbn", 2):
+        losses = res.pop("losses")
+        assert res == dict.fromkeys(res, True) and len(res) == 5, res
+        assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
 
 
 def _compare(out: Path, modes: tuple[str, ...], nproc: int, atol: float = 1e-5,

@@ -216,8 +216,10 @@ def test_printing_matches_cpu_plus_device():
     assert repr(g) == "tensor([1., 1.], device='neuron:0', requires_grad=True)"
     torch_neuronx.clear_op_tracking()
     str(torch.randn(3, 3, device="neuron"))
-    # formatting runs on a host copy: only the randn fill ran on the device
-    assert set(torch_neuronx.get_executed_ops()) == {"aten::normal_"}
+    # formatting runs on a host copy: on the device only randn (allocation and fill) and the
+    # one copy to the host ran
+    assert set(torch_neuronx.get_executed_ops()) == {
+        "aten::empty.memory_format", "aten::normal_", "aten::_to_copy", "aten::copy_"}
 
 
 # ---- serialization and storages ----------------------------------------------------------------
@@ -337,14 +339,80 @@ def test_mixed_devices_raise_cuda_error():
 
 
 def test_unknown_device_index():
-    fix = "this emulated instance has 4 logical NeuronCore(s), neuron:0 to neuron:3"
-    for make in (lambda: torch.empty(1, device="neuron:4"), lambda: torch.ones(2).to("neuron:7"),
-                 lambda: torch.neuron.set_device(5), lambda: torch.neuron.device(9).__enter__(),
-                 lambda: torch.randn(2, device="neuron:4")):
-        with pytest.raises(ValueError, match="does not exist") as info:
+    """Using a device that does not exist is TorchNeuron's RuntimeError (with the fix);
+    selecting one is its ValueError."""
+    fix = "this emulated instance has 4 logical NeuronCore(s)"
+    for i, make in ((4, lambda: torch.empty(1, device="neuron:4")),
+                    (7, lambda: torch.ones(2).to("neuron:7")),
+                    (4, lambda: torch.randn(2, device="neuron:4"))):
+        with pytest.raises(RuntimeError, match=f"Device index {i} is out of range. Valid range "
+                                               "is 0 to 3 for this process") as info:
             make()
+        assert not isinstance(info.value, ValueError)
         assert fix in str(info.value) and "NEURON_RT_VISIBLE_CORES" in str(info.value)
+    for i, make in ((5, lambda: torch.neuron.set_device(5)),
+                    (9, lambda: torch.neuron.device(9).__enter__())):
+        with pytest.raises(ValueError, match=f"Invalid device id: {i}. Valid range is 0 to 3"):
+            make()
     assert torch.neuron.current_device() == 0
+
+
+def test_cpu_tensors_rejected_as_torchneuron_rejects_them():
+    """A non-scalar CPU tensor given to a neuron op gets TorchNeuron's message; an index
+    tensor left on CPU is accepted only where TorchNeuron's kernel takes one (indexing with
+    `x[idx]`), not by index_select / index_add / index_put_, whose device kernels reject it."""
+    x = torch.arange(12.0, device="neuron").view(3, 4)
+    idx = torch.tensor([0, 2])
+    cases = {
+        "mm": lambda: x @ torch.ones(4, 2),
+        "index_select": lambda: torch.index_select(x, 0, idx),
+        "index_add": lambda: x.index_add(0, idx, torch.ones(2, 4, device="neuron")),
+        "index_put_": lambda: x.index_put_((idx,), torch.tensor(1.0, device="neuron")),
+        "embedding": lambda: torch.nn.functional.embedding(idx, x),
+    }
+    for name, f in cases.items():
+        with pytest.raises(RuntimeError, match=r"Non-scalar tensor arg\d is on cpu device, "
+                                               "expected neuron") as info:
+            f()
+        assert SAME_DEVICE in str(info.value), name
+    torch.testing.assert_close(x[idx].cpu(), torch.arange(12.0).view(3, 4)[idx])
+    assert "aten::index" in ops.op_classes()[2]
+    assert "aten::index_select" not in ops.op_classes()[2]
+    assert "aten::index_reduce" in ops.op_classes()[2]  # a host op: CPU indices accepted
+
+
+def test_errors_users_see_match_torchneuron():
+    a, b = torch.ones(2, 3, device="neuron"), torch.ones(4, 5, device="neuron")
+    with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied "
+                                           r"\(2x3 and 4x5\)"):
+        a @ b
+    dst = torch.empty(0, device="neuron")
+    assert torch._copy_from_and_resize(torch.ones(2, 3), dst) is dst and dst.shape == (2, 3)
+    with pytest.raises(RuntimeError, match="only support copy with same size"):
+        torch._copy_from_and_resize(torch.ones(10, 20), torch.empty(5, 5, device="neuron"))
+    with pytest.raises(RuntimeError, match="only support copy from cpu tensor to neuron"):
+        torch._copy_from_and_resize(torch.ones(2, device="neuron"),
+                                    torch.empty(0, device="neuron"))
+
+
+def test_contiguous_memory_formats_as_torchneuron(monkeypatch):
+    """preserve_format means contiguous; channels_last runs as on CPU with TorchNeuron's
+    release build value, and is its error with
+    TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1."""
+    x = torch.randn(3, 4, device="neuron").t()
+    y = x.contiguous(memory_format=torch.preserve_format)
+    assert y.is_contiguous() and torch.equal(y.cpu(), x.cpu().contiguous())
+    x.requires_grad_()
+    x.contiguous(memory_format=torch.preserve_format).sum().backward()
+    assert torch.equal(x.grad.cpu(), torch.ones(4, 3))
+    z = torch.randn(2, 3, 4, 5, device="neuron")
+    monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "0")
+    assert z.contiguous(memory_format=torch.channels_last).is_contiguous(
+        memory_format=torch.channels_last)
+    monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1")
+    with pytest.raises(RuntimeError, match="Neuron tensors only support contiguous or preserve "
+                                           "memory format"):
+        z.contiguous(memory_format=torch.channels_last)
 
 
 # ---- autograd ----------------------------------------------------------------------------------
@@ -561,13 +629,82 @@ def test_executed_ops_tracking():
     assert torch_neuronx.get_executed_ops() == {} == torch_neuronx.get_fallback_ops()
 
 
-# Named by the op TorchNeuron runs on the host: these structured ops reach their .out op.
+def test_tracking_records_the_op_the_user_called():
+    """TorchNeuron records the op it registers, before any decomposition: embedding (not only
+    index_select), stack (not only cat), ones/ones_like (not only fill_), and the kernels
+    neuron registers itself (empty, resize_, native_dropout, convolution, ...)."""
+    w = torch.randn(10, 4, device="neuron")
+    a = torch.ones(2, 3, device="neuron")
+    conv = torch.nn.Conv2d(2, 3, 3).to("neuron")
+    torch_neuronx.clear_op_tracking()
+    torch.nn.functional.embedding(torch.tensor([1, 3], device="neuron"), w)
+    torch.stack([a, a])
+    torch.ones(2, device="neuron")
+    torch.ones_like(a)
+    a.new_empty(4)
+    a.clone()
+    torch.empty(3, device="neuron").resize_(5)
+    torch.nn.functional.dropout(a, 0.5, training=True)
+    conv(torch.randn(1, 2, 5, 5, device="neuron", requires_grad=True)).sum().backward()
+    p = torch.nn.Parameter(torch.ones(2))
+    p.data = torch.zeros(2, device="neuron")
+    ran = torch_neuronx.get_executed_ops()
+    for op in ("aten::embedding", "aten::index_select", "aten::stack", "aten::ones",
+               "aten::ones_like", "aten::new_empty", "aten::clone", "aten::empty.memory_format",
+               "aten::resize_", "aten::native_dropout", "aten::convolution",
+               "aten::convolution_backward", "aten::_has_compatible_shallow_copy_type"):
+        assert ran.get(op, 0) >= 1, (op, sorted(ran))
+    assert set(torch_neuronx.get_fallback_ops()) == {"aten::normal_"}  # randn: a host op
+    # the mechanism covers every device op torch implements as an explicit composite
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert {"embedding", "stack", "ones_like", "convolution"} <= set(ops.tracked_composites())
+    assert all(has(f"aten::{n}", "PrivateUse1") for n in ops.tracked_composites())
+
+
+def test_sync_batch_norm_helper_ops_match_batch_norm():
+    """The ops nn.SyncBatchNorm calls (ATen has CUDA kernels only) run on neuron and give,
+    for one rank, what batch_norm gives: forward, running statistics and gradients."""
+    g = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(6, 3, 4, 4, generator=g), torch.randn(6, 3, 4, 4, generator=g)
+    weight, bias = torch.rand(3, generator=g) + 0.5, torch.randn(3, generator=g)
+    eps, momentum = 1e-5, 0.1
+    xr = x.clone().requires_grad_()
+    wr = weight.clone().requires_grad_()
+    rm, rv = torch.zeros(3), torch.ones(3)
+    want = torch.nn.functional.batch_norm(xr, rm, rv, wr, bias, True, momentum, eps)
+    want.backward(dy)
+    n = lambda t: t.to("neuron")  # noqa: E731
+    xn, rmn, rvn = n(x), n(torch.zeros(3)), n(torch.ones(3))
+    mean, invstd = torch.batch_norm_stats(xn, eps)
+    count = torch.full((1,), float(x.numel() // 3), device="neuron")
+    gmean, ginvstd = torch.batch_norm_gather_stats_with_counts(
+        xn, mean[None], invstd[None], rmn, rvn, momentum, eps, count)
+    y = torch.batch_norm_elemt(xn, n(weight), n(bias), gmean, ginvstd, eps)
+    torch.testing.assert_close(y.cpu(), want.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rmn.cpu(), rm)
+    torch.testing.assert_close(rvn.cpu(), rv)
+    sum_dy, sum_dy_xmu, gw, gb = torch.batch_norm_backward_reduce(
+        n(dy), xn, gmean, ginvstd, n(weight), True, True, True)
+    torch.testing.assert_close(gw.cpu(), wr.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gb.cpu(), dy.sum((0, 2, 3)), atol=1e-4, rtol=1e-4)
+    gi = torch.batch_norm_backward_elemt(n(dy), xn, gmean, ginvstd, n(weight), sum_dy,
+                                         sum_dy_xmu, count.int())
+    assert gi.device.type == "neuron"
+    torch.testing.assert_close(gi.cpu(), xr.grad, atol=1e-4, rtol=1e-4)
+
+
+# TorchNeuron registers these linalg ops as explicit CPU fallbacks, so each falls back under
+# its own name (not its .out piece); linalg_lu is not registered: its .out piece falls back.
 LINALG = {
-    "aten::linalg_qr.out": lambda a: torch.linalg.qr(a),
-    "aten::linalg_inv_ex.inverse": lambda a: torch.linalg.inv(a),
-    "aten::linalg_cholesky_ex.L": lambda a: torch.linalg.cholesky(a),
-    "aten::_linalg_det.result": lambda a: torch.linalg.det(a),
-    "aten::_linalg_slogdet.sign": lambda a: torch.linalg.slogdet(a),
+    "aten::linalg_qr": lambda a: torch.linalg.qr(a),
+    "aten::linalg_inv_ex": lambda a: torch.linalg.inv(a),
+    "aten::linalg_cholesky_ex": lambda a: torch.linalg.cholesky(a),
+    "aten::_linalg_det": lambda a: torch.linalg.det(a),
+    "aten::_linalg_slogdet": lambda a: torch.linalg.slogdet(a),
+    "aten::_linalg_svd": lambda a: torch.linalg.svd(a),
+    "aten::_linalg_eigh": lambda a: torch.linalg.eigh(a),
+    "aten::triangular_solve": lambda a: torch.triangular_solve(a, a),
+    "aten::linalg_lu.out": lambda a: torch.linalg.lu(a),
 }
 
 
@@ -590,7 +727,7 @@ def test_linear_algebra_is_recorded_as_fallback():
                 torch.testing.assert_close(g.cpu(), w, msg=op)
         torch.linalg.inv(a)
     fallback = torch_neuronx.get_fallback_ops()
-    assert fallback == {**dict.fromkeys(LINALG, 1), "aten::linalg_inv_ex.inverse": 2}
+    assert fallback == {**dict.fromkeys(LINALG, 1), "aten::linalg_inv_ex": 2}
     ran = {ops.placement(op).host_op for op in torch_neuronx.get_executed_ops()}
     assert set(fallback) <= ran
 
@@ -612,17 +749,18 @@ def test_one_fallback_warning_per_op(fresh_python):
     assert r.returncode == 0, r.stderr
     messages = json.loads(r.stdout.splitlines()[-1])
     fallback = sorted(m.split()[0] for m in messages if "executed via CPU fallback" in m)
-    assert fallback == ["aten::_linalg_det.result", "aten::linalg_inv_ex.inverse",
-                        "aten::linalg_qr.out"]
+    assert fallback == ["aten::_linalg_det", "aten::linalg_inv_ex", "aten::linalg_qr"]
 
 
 def test_strict_policy_at_run_time(policy):
     a = _spd("neuron")
     policy(strict=True)
-    with pytest.raises(RuntimeError, match=r"aten::linalg_inv_ex\.inverse \(reached from "
-                                           r"aten::linalg_inv_ex\) has no Trainium kernel.*"
+    with pytest.raises(RuntimeError, match=r"aten::linalg_inv_ex has no Trainium kernel.*"
                                            "NEURONLOCAL_STRICT=1 makes CPU fallbacks errors"):
         torch.linalg.inv(a)
+    with pytest.raises(RuntimeError, match=r"aten::atan2\.out \(reached from aten::atan2\) "
+                                           "has no Trainium kernel"):
+        torch.atan2(a, a)
     with pytest.raises(RuntimeError, match="aten::sum.* 64-bit floating point.*Cast to float32"):
         torch.ones(3, dtype=torch.float64, device="neuron").sum()
     assert (a @ a).sum().item() == pytest.approx((_spd("cpu") @ _spd("cpu")).sum().item())
@@ -655,8 +793,8 @@ def test_strict_env_in_subprocess(fresh_python):
     r = fresh_python(STRICT_SCRIPT, env={"NEURONLOCAL_STRICT": "1"})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
-    assert out["inv"].startswith("aten::linalg_inv_ex.inverse (reached from aten::linalg_inv_ex) "
-                                 "has no Trainium kernel: TorchNeuron runs it on CPU. "
+    assert out["inv"].startswith("aten::linalg_inv_ex has no Trainium kernel: TorchNeuron runs "
+                                 "it on CPU. "
                                  "NEURONLOCAL_STRICT=1 makes CPU fallbacks errors")
     assert out["f64"].startswith("aten::mul.Tensor got a 64-bit floating point tensor: Trainium "
                                  "computes float64 as float32. Cast to float32")

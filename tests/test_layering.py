@@ -20,7 +20,7 @@ SRC = ROOT / "src"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("neuronlocal.core", "neuronlocal._C", "neuronlocal.patching")),
     ("eager", ("neuronlocal.eager",)),
-    ("device", ("neuronlocal.memory", "neuronlocal.device")),
+    ("device", ("neuronlocal.memory", "neuronlocal.device", "neuronlocal.amp")),
     ("estimate", ("neuronlocal.estimate",)),
     ("backends", ("neuronlocal.compile", "neuronlocal.distributed", "neuronlocal.kernels")),
     ("integrations", ("neuronlocal.hf",)),

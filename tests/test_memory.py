@@ -234,13 +234,15 @@ def test_torch_neuronx_exposes_the_same_api():
 
 
 def test_bad_device_arguments():
-    with pytest.raises(ValueError, match=r"neuron:9 does not exist.*Use an index below 4"):
+    """A device that does not exist is TorchNeuron's RuntimeError, with the fix."""
+    with pytest.raises(RuntimeError, match=r"Device index 9 is out of range.*neuron:9 does not "
+                                           r"exist.*Use an index below 4"):
         torch.neuron.memory_allocated(9)
-    with pytest.raises(ValueError, match="neuron:4 does not exist"):
+    with pytest.raises(RuntimeError, match="neuron:4 does not exist"):
         torch.neuron.memory_stats("neuron:4")
     with pytest.raises(ValueError, match="Expected a neuron device, got cpu"):
         torch.neuron.memory_allocated("cpu")
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(RuntimeError, match="does not exist"):
         torch.empty(1, device="neuron:4")
 
 

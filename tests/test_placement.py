@@ -76,7 +76,8 @@ def test_placements_follow_the_evidence():
     ("aten::atan2_", "composite", "host", "aten::atan2.out"),
     ("aten::sort.stable", "composite", "host", "aten::sort.values_stable"),
     ("aten::sort.values_stable", "host", "host", "aten::sort.values_stable"),
-    ("aten::linalg_inv_ex", "composite", "host", "aten::linalg_inv_ex.inverse"),
+    ("aten::linalg_inv_ex", "composite", "host", "aten::linalg_inv_ex"),  # explicit fallback
+    ("aten::linalg_lu", "composite", "host", "aten::linalg_lu.out"),
     ("aten::native_group_norm", "composite", "host", "aten::var_mean.correction"),
     ("aten::mode.values", "composite", "host", "aten::mode.values"),
     ("aten::layer_norm", "composite", "device", None),        # never reaches the backend

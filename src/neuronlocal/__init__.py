@@ -18,6 +18,7 @@ imports this package. Importing it registers everything, once, in this order:
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ from neuronlocal.eager.tracking import (  # noqa: E402
 
 eager.register(_state.config)
 torch._register_device_module("neuron", device)
+sys.modules["torch.neuron.amp"] = device.amp  # `import torch.neuron.amp` works too
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
 )

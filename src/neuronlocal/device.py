@@ -16,23 +16,22 @@ variable, its value and the accepted values. That is what TorchNeuron raises fro
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from neuronlocal import _C
+from neuronlocal import amp as amp  # torch.neuron.amp, as torch.cuda.amp
 from neuronlocal.core import state as _state
 from neuronlocal.memory import *  # noqa: F403  (the memory API is part of torch.neuron)
 from neuronlocal.memory import Device, device_index
 from neuronlocal.memory import __all__ as _memory_all
 
 __all__ = [
-    "Event", "Stream", "current_device", "current_stream", "default_stream", "device",
-    "device_count", "device_of", "get_amp_supported_dtype", "get_device_capability",
+    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_stream",
+    "device", "device_count", "device_of", "get_amp_supported_dtype", "get_device_capability",
     "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init",
     "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
     "manual_seed_all", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
@@ -126,12 +125,16 @@ def current_device() -> int:
 
 
 def set_device(device: Device) -> None:
-    """Selects the current core; raises ValueError for an index that does not exist."""
-    index = device.index if isinstance(device, torch.device) else device
+    """Selects the current core. An index that does not exist is a ValueError, as
+    TorchNeuron's `set_device` raises (using such a device elsewhere is a RuntimeError)."""
     if isinstance(device, str):
-        index = torch.device(device).index
-    if index is None or (isinstance(index, int) and index < 0):
+        device = torch.device(device)
+    index = device.index if isinstance(device, torch.device) else device
+    if index is None:
         return
+    n = device_count()
+    if not 0 <= index < n:
+        raise ValueError(f"Invalid device id: {index}. Valid range is 0 to {n - 1}")
     _C._set_device(index)
 
 
@@ -139,13 +142,17 @@ class device:
     """Context manager that changes the current core, like torch.cuda.device."""
 
     def __init__(self, device: Device) -> None:
-        self.idx = -1 if device is None else device_index(device)
+        if isinstance(device, str):
+            device = torch.device(device)
+        if isinstance(device, torch.device):
+            device = device_index(device) if device.index is None else device.index
+        self.idx = -1 if device is None else device
         self.prev = -1
 
     def __enter__(self) -> None:
         self.prev = _C._current_device()
         if self.idx >= 0:
-            _C._set_device(self.idx)
+            set_device(self.idx)
 
     def __exit__(self, *exc: object) -> None:
         if self.idx >= 0:
@@ -159,8 +166,14 @@ class device_of(device):
         super().__init__(obj.device.index if obj.device.type == "neuron" else None)
 
 
-def get_device_name(device: Device = None) -> str:
-    return f"neuron:{device_index(device)}"
+def get_device_name(device: torch.device | int = 0) -> str:
+    """What TorchNeuron returns: `str(device)` for a torch.device, `neuron:<i>` for an int."""
+    if isinstance(device, torch.device):
+        return str(device)
+    if isinstance(device, int):
+        return f"neuron:{device}"
+    raise ValueError("Incorrect device argument found, expected torch.device or int type, "
+                     f"found {type(device)}")
 
 
 @dataclass(frozen=True)
@@ -179,10 +192,14 @@ class DeviceProperties:
 
 
 def get_device_properties(device: Device = None) -> DeviceProperties:
+    """`name` is the instance family (`trn2`, `trn3`), as TorchNeuron's runtime reports it."""
+    if isinstance(device, int) and not 0 <= device < device_count():
+        raise ValueError(f"Invalid device id: {device}")
     i = device_index(device)
     p = _state.profile
     core = "NeuronCore-v3" if p.chip.name == "Trainium2" else "NeuronCore-v4"
-    return DeviceProperties(f"neuron:{i}", p.hbm_per_core, core, p.instance, p.lnc, p.visible[i])
+    family = p.instance.split(".")[0]
+    return DeviceProperties(family, p.hbm_per_core, core, p.instance, p.lnc, p.visible[i])
 
 
 def get_device_capability(device: Device = None) -> tuple[int, int]:
@@ -255,18 +272,36 @@ def set_stream(stream: torch.Stream) -> None:
         torch.accelerator.set_stream(stream)
 
 
-@contextlib.contextmanager
-def stream(s: torch.Stream | None) -> Iterator[None]:
-    """Makes `s` the current stream of its device for the duration of the block."""
-    if s is None:
-        yield
-        return
-    prev = torch.accelerator.current_stream(s.device_index)
-    torch.accelerator.set_stream(s)
-    try:
-        yield
-    finally:
-        torch.accelerator.set_stream(prev)
+class StreamContext:
+    """Makes `stream` the current stream of its device inside a `with` block, and restores
+    the current streams of both the current device and the stream's device on exit (a
+    None stream does nothing). Like torch.cuda.StreamContext."""
+
+    def __init__(self, stream: torch.Stream | None) -> None:
+        self.stream = stream
+        self.idx = stream.device_index if stream is not None else -1
+        self.src_prev_stream: torch.Stream | None = None
+        self.dst_prev_stream: torch.Stream | None = None
+
+    def __enter__(self) -> None:
+        if self.stream is None:
+            return
+        self.src_prev_stream = current_stream()
+        if self.src_prev_stream.device_index != self.stream.device_index:
+            self.dst_prev_stream = current_stream(self.stream.device_index)
+        torch.accelerator.set_stream(self.stream)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stream is None or self.src_prev_stream is None:
+            return
+        if self.dst_prev_stream is not None:
+            torch.accelerator.set_stream(self.dst_prev_stream)
+        torch.accelerator.set_stream(self.src_prev_stream)
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    """Context manager that selects `stream` (a StreamContext, as torch.cuda.stream)."""
+    return StreamContext(stream)
 
 
 # ---- random numbers ------------------------------------------------------------------------

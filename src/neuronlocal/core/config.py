@@ -93,6 +93,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("TORCH_NEURONX_LOG_LEVEL", "0", "3 prints debug logs of the backend.", "level"),
     EnvVar("NEURON_LAUNCH_BLOCKING", "1",
            "Accepted for compatibility; execution on the host is always synchronous.", "flag"),
+    EnvVar("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "0",
+           "TorchNeuron's build variable (release value 0, set by `import torch_neuronx`); "
+           "1 makes `contiguous()` with a memory format other than contiguous/preserve an "
+           "error, as in TorchNeuron's development builds.", "flag"),
+    EnvVar("TORCH_NEURONX_MLIR_ATEN_OPS", "1",
+           "TorchNeuron's build variable (release value 1, set by `import torch_neuronx`); "
+           "read by `torch_neuronx.utils.use_mlir_aten_ops`, no other effect here.", "flag"),
     EnvVar("TORCH_DEVICE_BACKEND_AUTOLOAD", "1",
            "PyTorch's switch: 0 stops `import torch` from loading neuronlocal."),
     EnvVar("HF_DEACTIVATE_ASYNC_LOAD", "",

@@ -147,11 +147,17 @@ void check_int32_range(OpInfo& info, const at::Tensor& t) {
   if (!fits_int32(l) || !fits_int32(h)) warn_wrap(info, fits_int32(l) ? h : l);
 }
 
+// A non-scalar CPU tensor (argument `position`) starts with TorchNeuron's words for it.
 [[noreturn]] void mixed_devices(const OpInfo& info, const c10::Device& a, const c10::Device& b,
-                                const std::string& arg) {
-  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-              "devices, ", where(a), " and ", where(b), "! (argument '", arg, "' of ", info.name,
-              "). Move them to one device first, e.g. tensor.to('", where(a), "').");
+                                const std::string& arg, size_t position = SIZE_MAX) {
+  std::string torchneuron;
+  if (b.is_cpu() && position != SIZE_MAX) {
+    torchneuron = "Non-scalar tensor arg" + std::to_string(position) +
+                  " is on cpu device, expected neuron. ";
+  }
+  TORCH_CHECK(false, torchneuron, "Expected all tensors to be on the same device, but found at "
+              "least two devices, ", where(a), " and ", where(b), "! (argument '", arg, "' of ",
+              info.name, "). Move them to one device first, e.g. tensor.to('", where(a), "').");
 }
 
 // One neuron input of the current call.
@@ -325,6 +331,18 @@ void on_downcast(OpInfo& info, bool is_float) {
 
 }  // namespace
 
+void tracked_composite(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  info_for(op).executed++;
+  auto key = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)
+                 ? c10::DispatchKey::CompositeExplicitAutogradNonFunctional
+                 : c10::DispatchKey::CompositeExplicitAutograd;
+  op.callBoxedForDispatchKey(key, *stack);
+}
+
+std::atomic<int64_t>& executed_counter(const char* name, const char* overload) {
+  return info_for(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload)).executed;
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpInfo& info = info_for(op);
   const Decision& d = *info.decision.load(std::memory_order_acquire);
@@ -358,7 +376,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (call.cpu_arg != SIZE_MAX) {
     auto idx = call.index < 0 ? current_device() : call.index;
-    mixed_devices(info, {kNeuron, idx}, call.cpu_seen, schema.arguments()[call.cpu_arg].name());
+    mixed_devices(info, {kNeuron, idx}, call.cpu_seen, schema.arguments()[call.cpu_arg].name(),
+                  call.cpu_arg);
   }
   if (call.index < 0) call.index = current_device();
   if (call.downcast_f || call.downcast_i) on_downcast(info, call.downcast_f);

@@ -178,12 +178,12 @@ void set_current_device(c10::DeviceIndex index) {
 void check_index(c10::DeviceIndex index) {
   check_available();
   auto n = g_count.load();
-  TORCH_CHECK_VALUE(index >= 0 && index < n, "Invalid device: neuron:", static_cast<int>(index),
-                    " does not exist; this emulated instance has ", static_cast<int>(n),
-                    " logical NeuronCore(s), neuron:0 to neuron:", static_cast<int>(n) - 1,
-                    ". Use an index below ", static_cast<int>(n),
-                    ", or change NEURONLOCAL_INSTANCE / NEURON_LOGICAL_NC_CONFIG / "
-                    "NEURON_RT_VISIBLE_CORES.");
+  TORCH_CHECK(index >= 0 && index < n, "Device index ", static_cast<int>(index),
+              " is out of range. Valid range is 0 to ", static_cast<int>(n) - 1,
+              " for this process (neuron:", static_cast<int>(index), " does not exist; "
+              "this emulated instance has ", static_cast<int>(n), " logical NeuronCore(s). "
+              "Use an index below ", static_cast<int>(n), ", or change NEURONLOCAL_INSTANCE / "
+              "NEURON_LOGICAL_NC_CONFIG / NEURON_RT_VISIBLE_CORES).");
 }
 
 at::Generator& default_generator(c10::DeviceIndex index) {

@@ -58,6 +58,8 @@ at::Tensor choice_stand_in(const at::Tensor& t, SymbolValues& symbols) {
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> /*pin*/, std::optional<at::MemoryFormat> mf) {
+  static auto& executed = executed_counter("aten::empty", "memory_format");
+  executed++;
   if (layout && *layout != at::kStrided) unsupported("aten::empty", layout_kind(*layout));
   if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty", "quantized");
   settle();  // queued ops may hold the last reference to memory: free it before allocating
@@ -70,6 +72,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                          std::optional<at::Device> device, std::optional<bool> /*pin*/) {
+  static auto& executed = executed_counter("aten::empty_strided", "");
+  executed++;
   if (layout && *layout != at::kStrided) unsupported("aten::empty_strided", layout_kind(*layout));
   if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty_strided", "quantized");
   settle();
@@ -87,6 +91,8 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
                          std::optional<at::MemoryFormat> mf) {
+  static auto& executed = executed_counter("aten::resize_", "");
+  executed++;
   settle();
   IndexGuard g(self.device());
   auto* st = self.storage().unsafeGetStorageImpl();
@@ -104,13 +110,24 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  if (!dst.sizes().equals(self.sizes())) dst.resize_(self.sizes());
+  static auto& executed = executed_counter("aten::_copy_from_and_resize", "");
+  executed++;
+  // TorchNeuron's contract: from CPU into neuron, and only into an empty or same-size tensor.
+  TORCH_CHECK(self.is_cpu() && dst.device().type() == kNeuron,
+              "_copy_from_and_resize now only support copy from cpu tensor to neuron tensor, but "
+              "got src tensor device is ", self.device(), " and dst device is ", dst.device());
+  if (dst.numel() == 0) dst.resize_(self.sizes());
+  TORCH_CHECK(self.sizes() == dst.sizes(),
+              "_copy_from_and_resize now only support copy with same size, or dst.numel() == 0! "
+              "(src ", self.sizes(), ", dst ", dst.sizes(), ")");
   return copy_from(self, dst, false);
 }
 
 // Mirrors ATen's CPU native_dropout, drawing the mask from the core's generator.
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
                                                   std::optional<bool> train) {
+  static auto& executed = executed_counter("aten::native_dropout", "");
+  executed++;
   auto x = cpu_alias(input);
   auto idx = input.device().index();
   at::Tensor out, mask;
@@ -163,6 +180,8 @@ void record_stream(at::Tensor& /*self*/, c10::Stream /*s*/) {}
 // Lets `param.data = neuron_tensor` swap a CPU parameter in place, as for CUDA, so
 // Module.to("neuron") keeps Parameter identity and tied weights stay tied.
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  static auto& executed = executed_counter("aten::_has_compatible_shallow_copy_type", "");
+  executed++;
   auto dense = [](const at::Tensor& t) {
     return t.layout() == at::kStrided && (t.device().type() == kNeuron || t.device().is_cpu());
   };

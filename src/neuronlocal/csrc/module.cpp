@@ -64,6 +64,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_op_classes", &neuron::set_op_classes);
   m.def("_register_direct", &neuron::register_direct);
   m.def("_register_unsupported", &neuron::register_unsupported);
+  m.def("_register_tracked", &neuron::register_tracked);
   m.def("_executed_ops", &neuron::executed_ops);
   m.def("_fallback_ops", &neuron::fallback_ops);
   m.def("_fallback_bytes", &neuron::fallback_bytes);

@@ -88,6 +88,11 @@ void follow_resize(c10::StorageImpl* neuron_storage);
 at::Tensor make_neuron(c10::Storage st, const at::Tensor& like);
 // The boxed fallback every op without its own kernel runs (see fallback.cpp).
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Boxed kernel for composites TorchNeuron registers a device kernel for: records the op as
+// executed, as TorchNeuron's tracking names it, then runs torch's composite kernel.
+void tracked_composite(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The executed-op counter of one op (for kernels registered directly, not boxed).
+std::atomic<int64_t>& executed_counter(const char* name, const char* overload);
 // Boxed kernels that raise the clear error for sparse and quantized neuron tensors.
 void unsupported_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
@@ -145,6 +150,8 @@ void register_kernels();
 // decompose (structured kernels, some composites), so they cost one dispatch and compute
 // what CPU computes.
 void register_direct(const std::vector<std::string>& names);
+// Composites TorchNeuron registers device kernels for: tracked under their own name.
+void register_tracked(const std::vector<std::string>& names);
 // Composite constructors of sparse tensors: stopped at their names with the clear error.
 void register_unsupported(const std::vector<std::string>& names);
 

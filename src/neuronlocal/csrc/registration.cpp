@@ -88,6 +88,13 @@ void register_direct(const std::vector<std::string>& names) {
   for (const auto& name : names) lib.impl(name.c_str(), boxed_fallback());
 }
 
+void register_tracked(const std::vector<std::string>& names) {
+  auto& lib = library("aten", c10::DispatchKey::PrivateUse1);
+  for (const auto& name : names) {
+    lib.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&tracked_composite>());
+  }
+}
+
 void register_unsupported(const std::vector<std::string>& names) {
   for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::SparseCsrPrivateUse1}) {
     auto& lib = library("aten", key);

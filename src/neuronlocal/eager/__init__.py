@@ -15,6 +15,7 @@ def register(cfg: Config) -> None:
     _C._set_op_classes(*ops.op_classes())
     _set_placement(cfg.placement)
     _C._register_direct(ops.structured_ops() + ops.direct_composites())
+    _C._register_tracked(ops.tracked_composites())
     _C._register_unsupported(list(ops.SPARSE_CONSTRUCTORS))
     overrides.register()
     rnn_cells.register()

@@ -85,13 +85,22 @@ def placement(op: str) -> Placement:
                            "see `neuronlocal ops --list host`.")
         entry = {"placement": "host", "other_namespace": True}
     runs = _runs(entry)
-    host = entry.get("host_op", name) if runs == "host" else None
+    host = _host_op(name, entry) if runs == "host" else None
     return Placement(name, entry["placement"], runs, host, _quiet(entry),
                      name in float64_ops(), entry)
 
 
 def _runs(entry: dict[str, Any]) -> str:
     return entry.get("runs", "host" if entry["placement"] == "host" else "device")
+
+
+def _host_op(name: str, entry: dict[str, Any]) -> str:
+    """The op a host op is reported under: the op itself when TorchNeuron registers it as an
+    explicit CPU fallback (linalg_qr, _linalg_svd, ...: the composite falls back, not only its
+    `.out` piece), else the piece its composite runs on the host."""
+    if name in table()["evidence"]["cpu_fallback_explicit"]:
+        return name
+    return str(entry.get("host_op", name))
 
 
 def _quiet(entry: dict[str, Any]) -> bool:
@@ -113,7 +122,7 @@ def float64_ops() -> frozenset[str]:
 def decisions() -> dict[str, tuple[int, str]]:
     """For the C++ dispatch: {op: (flags, host op)} for every op that runs on the host when it
     reaches neuron as one op; ops not listed run on the device."""
-    return {name: (HOST | KEEP_64BIT | (QUIET if _quiet(e) else 0), e.get("host_op", name))
+    return {name: (HOST | KEEP_64BIT | (QUIET if _quiet(e) else 0), _host_op(name, e))
             for name, e in table()["ops"].items() if _runs(e) == "host"}
 
 
@@ -169,8 +178,9 @@ def _evidence(name: str, e: dict[str, Any]) -> str:
     if e.get("pieces"):
         text += f" ({', '.join(e['pieces'])})"
     if "runs" in e:
-        text += (f"; neuronlocal runs it as one CPU kernel and counts it where its pieces run: "
-                 f"{e['runs']}" + (f" ({e['host_op']} falls back)" if e.get("host_op") else ""))
+        falls = f" ({_host_op(name, e)} falls back)" if e.get("host_op") else ""
+        text += ("; neuronlocal runs it as one CPU kernel and counts it where its pieces run: "
+                 f"{e['runs']}{falls}")
         if e.get("cpu_only"):
             text += " (its composite kernel computes on CPU only)"
         if e.get("untraced"):
@@ -211,14 +221,46 @@ SPARSE_CONSTRUCTORS: tuple[str, ...] = (
     "sparse_bsc_tensor.ccol_row_value", "sparse_bsc_tensor.ccol_row_value_size")
 
 
+# TorchNeuron's device kernels take only neuron tensors (a non-scalar CPU tensor is an
+# error), except its `index` kernel, which takes CPU index tensors as CUDA's does.
+DEVICE_KERNELS_TAKING_CPU_INDICES: tuple[str, ...] = ("aten::index",)
+
+
+def _device_checked(base: str) -> bool:
+    """A TorchNeuron device kernel receives the op's tensors: an overload of it, or a piece
+    its composite runs, is a device op."""
+    ops = table()["ops"]
+    entries = [e for n, e in ops.items() if n.split(".")[0] == base]
+    pieces = {p for e in entries for p in e.get("pieces", ())}
+    return any(e["placement"] == "device" for e in entries) or any(
+        ops.get(p, {}).get("placement") == "device" for p in pieces
+        if p.split(".")[0] not in ("aten::clone", "aten::item", "aten::reshape"))
+
+
 def op_classes() -> tuple[list[str], list[str], list[str]]:
     """For the C++ dispatch (qualified base names): ops that keep 64 bits, integer reductions
-    computed in 32 bits, and indexing ops that accept CPU index tensors, as CUDA's do."""
+    computed in 32 bits, and indexing ops that accept CPU index tensors: as CUDA's do, except
+    where TorchNeuron's device kernel rejects them."""
     bases = {n.split(".")[0] for n in torch._C._dispatch_get_all_op_names()}
     cpu_index = sorted(b for b in bases
-                       if b.startswith("aten::index") or b == "aten::_index_put_impl_")
+                       if (b.startswith("aten::index") or b == "aten::_index_put_impl_")
+                       and (b in DEVICE_KERNELS_TAKING_CPU_INDICES or not _device_checked(b)))
     return ([f"aten::{n}" for n in EXACT_OPS], [f"aten::{n}" for n in INT32_REDUCTIONS],
             cpu_index)
+
+
+def tracked_composites() -> list[str]:
+    """Device ops whose torch kernel is a CompositeExplicitAutograd one (embedding, stack,
+    ones_like, new_empty, clone, convolution, ...) and that have no neuron kernel: TorchNeuron
+    registers a kernel for each, so its tracking records the op the user called, not only the
+    pieces its composite runs. They get a kernel that records them and runs the composite."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return sorted(
+        n[len("aten::"):] for n, e in table()["ops"].items()
+        if e["placement"] == "device" and not has(n, "PrivateUse1")
+        and not has(n, "CompositeImplicitAutograd")
+        and (has(n, "CompositeExplicitAutograd")
+             or has(n, "CompositeExplicitAutogradNonFunctional")))
 
 
 # Composite (CompositeExplicitAutograd) kernels that reject tensors on devices they do not

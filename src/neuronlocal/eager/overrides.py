@@ -4,6 +4,8 @@
   transformers' MoE routing, for one, calls `torch.histc` on int32 expert ids on every
   device but cpu/mps. These run the CPU kernel in a dtype it supports and return the
   device's dtype.
+- `contiguous`: TorchNeuron's memory-format contract (`preserve_format` is accepted).
+- SyncBatchNorm's helper ops, which ATen has for CUDA only (sync_batch_norm.py).
 - Ops that compute in float64 by definition (`float_power`): Trainium computes them in
   float32 (the 64-bit rule), so they warn once per op when that rule is on. They stay
   composites: the kernel warns, then runs torch's own decomposition.
@@ -18,6 +20,8 @@ import torch
 
 from neuronlocal import _C
 from neuronlocal.core import state
+from neuronlocal.core.config import env_flag
+from neuronlocal.eager import sync_batch_norm
 
 _lib: torch.library.Library | None = None
 
@@ -36,13 +40,32 @@ def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) 
     return _C._bridge_out([out], self.device.index)[0]
 
 
+_composite = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def _contiguous(self: torch.Tensor,
+                memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+    """TorchNeuron's contiguous: `preserve_format` means contiguous; other formats
+    (channels_last) are an error with TorchNeuron's build variable
+    TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1, and run as on CPU with its release
+    value (0: TorchNeuron runs them through its CPU fallback)."""
+    if memory_format == torch.preserve_format:
+        memory_format = torch.contiguous_format
+    elif memory_format != torch.contiguous_format and env_flag(
+            "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
+        raise RuntimeError("aten::contiguous: Neuron tensors only support contiguous or "
+                           "preserve memory format (memory_format=torch.contiguous_format)")
+    return torch.ops.aten.contiguous.default._op_dk(_composite, self,
+                                                    memory_format=memory_format)
+
+
 _warned: set[str] = set()
 
 
 def _float64_kernel(name: str) -> Any:
     pkt, _, overload = name[len("aten::"):].partition(".")
     op = getattr(getattr(torch.ops.aten, pkt), overload or "default")
-    composite = torch._C.DispatchKey.CompositeImplicitAutograd
+    composite = _composite
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if state.config.downcast_64bit and name not in _warned:
@@ -64,6 +87,8 @@ def register() -> None:
 
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("histc", _histc, "PrivateUse1")
+    _lib.impl("contiguous", _contiguous, "AutogradPrivateUse1")
+    sync_batch_norm.register(_lib)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in sorted(ops.float64_ops()):
         if has(name, "CompositeImplicitAutograd") and not has(name, "AutogradPrivateUse1"):

@@ -249,6 +249,14 @@ LLAMA_TP_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
                  "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
 
 
+def compiled_graphs(device: str) -> int:
+    """Graphs compiled in this process: the neuron backend's records, or AOTAutograd's count
+    of Inductor's compiles on CPU."""
+    if str(device).startswith("neuron"):
+        return torch.neuron.get_dynamo_metrics()["num_graphs"]
+    return torch._dynamo.utils.counters["aot_autograd"]["total"]
+
+
 def llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -355,7 +363,7 @@ def train(out: Path, device_type: str, backend: str, modes: list[str], compiled:
             opt.step()
             opt.zero_grad()
         params = {n: _full(p) for n, p in model.named_parameters()}
-        graphs = torch._dynamo.utils.counters["aot_autograd"]["total"]  # compiled graphs
+        graphs = compiled_graphs(dev)
         torch.save({"loss": losses, "grads": grads, "params": params, "graphs": graphs},
                    out / f"{mode}_{device_type}_{r}.pt")
         dist.barrier()
@@ -491,7 +499,7 @@ def sft(out: Path, device_type: str, backend: str, compiled: bool) -> None:
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     params = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()}
-    graphs = torch._dynamo.utils.counters["aot_autograd"]["total"]  # compiled graphs
+    graphs = compiled_graphs(device_type)
     torch.save({"loss": losses, "params": params, "grads": {}, "graphs": graphs},
                out / f"sft_{device_type}_{r}.pt")
     dist.destroy_process_group()

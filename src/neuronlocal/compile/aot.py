@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from neuronlocal import device as neuron
+
 
 def _neuron_rng_wrappers() -> None:
     """Activation checkpointing under compile: AOTAutograd's partitioner replays a
@@ -36,16 +38,21 @@ def _neuron_rng_wrappers() -> None:
     def on_neuron(args: Any, kwargs: Any) -> bool:
         return rng_prims.get_device(args, kwargs) == "neuron"
 
+    def core(args: Any, kwargs: Any) -> Any:  # the generator of the op's core
+        return kwargs.get("device") or next(a.device for a in args
+                                            if isinstance(a, torch.Tensor))
+
     def save_neuron(op: Any, *args: Any, **kwargs: Any) -> Any:
-        return torch.neuron.get_rng_state(), op(*args, **kwargs)
+        return neuron.get_rng_state(core(args, kwargs)), op(*args, **kwargs)
 
     def replay_neuron(rng_state: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-        current = torch.neuron.get_rng_state()
-        torch.neuron.set_rng_state(rng_state.cpu())
+        device = core(args, kwargs)
+        current = neuron.get_rng_state(device)
+        neuron.set_rng_state(rng_state.cpu(), device)
         try:
             return op(*args, **kwargs)
         finally:
-            torch.neuron.set_rng_state(current)
+            neuron.set_rng_state(current, device)
 
     stock_save = save.py_kernels[DispatchKey.BackendSelect]
     stock_replay = replay.py_kernels[DispatchKey.BackendSelect]
@@ -79,7 +86,7 @@ def _neuron_rng_wrappers() -> None:
     save.python_key_table[ProxyTorchDispatchMode] = save_proxy
     for hop in (save, replay):
         hop._dispatch_cache.clear()
-    save._neuronlocal = True  # type: ignore[attr-defined]
+    save._neuronlocal = True
 
 
 def _runner(part: str, sizes: dict[str, int]) -> Callable[..., Any]:

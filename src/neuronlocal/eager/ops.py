@@ -249,18 +249,20 @@ def op_classes() -> tuple[list[str], list[str], list[str]]:
             cpu_index)
 
 
-def tracked_composites() -> list[str]:
+@functools.cache
+def tracked_composites() -> tuple[str, ...]:
     """Device ops whose torch kernel is a CompositeExplicitAutograd one (embedding, stack,
     ones_like, new_empty, clone, convolution, ...) and that have no neuron kernel: TorchNeuron
     registers a kernel for each, so its tracking records the op the user called, not only the
-    pieces its composite runs. They get a kernel that records them and runs the composite."""
+    pieces its composite runs. They get a kernel that records them and runs the composite.
+    Computed once, before registration gives them that kernel (later they would all have one)."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return sorted(
+    return tuple(sorted(
         n[len("aten::"):] for n, e in table()["ops"].items()
         if e["placement"] == "device" and not has(n, "PrivateUse1")
         and not has(n, "CompositeImplicitAutograd")
         and (has(n, "CompositeExplicitAutograd")
-             or has(n, "CompositeExplicitAutogradNonFunctional")))
+             or has(n, "CompositeExplicitAutogradNonFunctional"))))
 
 
 # Composite (CompositeExplicitAutograd) kernels that reject tensors on devices they do not

@@ -235,7 +235,10 @@ def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, An
     graphs run through the neuron eager path), with its cache entry and metrics record."""
     graph_id = metrics.next_graph_id()
     name = _graph_name(gm, options.get("model_name") or metrics.get_model_name(), graph_id)
-    args = autocopied(args)
+    copies = autocopied(args)
+    # Dynamo guards on devices: a graph compiled without CPU inputs never gets one later.
+    moved = any(a is not b for a, b in zip(args, copies, strict=True))
+    args = copies
     flags = {"grad": torch.is_grad_enabled(), "compiler": "eager"}
     key = graph_key(gm.code, [_meta(x) for x in args], flags)
     start = time.perf_counter()
@@ -253,7 +256,7 @@ def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, An
     def run(*call_args: Any) -> Any:
         return fn(*autocopied(call_args))
 
-    return estimate_capture.attach(gm, args, run)
+    return estimate_capture.attach(gm, args, run if moved else fn)
 
 
 def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],

@@ -1,5 +1,6 @@
-# make setup : create .venv with torch==2.13.0 (CPU, pinned) and build neuronlocal
-# make demo  : the main job: `neuronlocal check` (does the embedded Llama config run on Trainium?)
+# make demo  : the main job: `neuronlocal check` (does the embedded Llama config run on Trainium?);
+#              sets up only what it needs (requirements.txt: torch==2.13.0 CPU, transformers)
+# make setup : everything for tests and integrations (requirements-dev.txt)
 # make test  : the default test run (CI runs the same command)
 PY ?= python3
 VENV ?= .venv
@@ -7,15 +8,20 @@ BIN = $(VENV)/bin
 
 .PHONY: setup demo test test-slow lint typecheck bench
 
-setup: $(BIN)/neuronlocal
+setup: $(VENV)/.dev-installed
 
-$(BIN)/neuronlocal: pyproject.toml setup.py constraints.txt requirements-dev.txt $(wildcard src/neuronlocal/csrc/*)
+# The core: the demo's packages, then the C++ build against the pinned torch.
+$(BIN)/neuronlocal: pyproject.toml setup.py constraints.txt requirements.txt $(wildcard src/neuronlocal/csrc/*)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -c constraints.txt -r requirements-dev.txt
+	$(BIN)/pip install -q -r requirements.txt
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(BIN)/pip install -q -c constraints.txt --no-build-isolation -e .
 	touch $@
 
-demo: setup
+$(VENV)/.dev-installed: $(BIN)/neuronlocal requirements-dev.txt
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@
+
+demo: $(BIN)/neuronlocal
 	$(BIN)/neuronlocal info
 	$(BIN)/neuronlocal check
 

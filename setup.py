@@ -17,6 +17,6 @@ setup(
             extra_compile_args=["-O2", "-std=c++20", "-Wno-unused-parameter"],
         )
     ],
-    # ninja (requirements-dev.txt) compiles the files in parallel; without it, one by one.
+    # ninja (requirements.txt) compiles the files in parallel; without it, one by one.
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

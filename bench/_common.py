@@ -3,11 +3,14 @@
 A case times one callable on two sides (CPU and neuron, or plain and kernelized, ...).
 Each side runs in a fresh process, as users run their programs, so one side's allocator
 state, thread pools and caches never touch the other's. The processes alternate (a, b,
-then b, a, ...) for `--rounds` rounds, so load on a shared machine hits both sides alike;
-inside a process the callable runs `--warmup` times, then `--repeat` timed times, and the
-process reports its best time. A side's number is the median over rounds, its spread the
+then b, a, ...) for at least `--rounds` rounds, so load on a shared machine hits both sides
+alike; inside a process the callable runs `--warmup` times, then `--repeat` timed times, and
+the process reports its best time. A side's number is the median over rounds, its spread the
 min-max range over rounds in percent of the median, and the ratio is taken per round
-(b / a, paired in time) and reported as the median ratio with its range.
+(b / a, paired in time) and reported as the median ratio with its interquartile range and
+its min-max range. More rounds never narrow a min-max range, so the stopping rule uses the
+interquartile range: rounds are added until it is within `--target` percent of the median
+(or `--max-rounds` is reached), and the table says how many rounds a case took.
 
 Script API (bench/compile.py can use the same):
 
@@ -60,7 +63,8 @@ class Case:
     `per_call` scales the reported rate (e.g. tokens per call, reported per second).
     `repeat`/`warmup` override the command line for this case (a first call is timed with
     repeat=1, warmup=0), and `prime` runs each side once untimed first (warms disk caches
-    that later processes read)."""
+    that later processes read). `adaptive=False` keeps a case at exactly `--rounds`
+    (cases whose processes cost a minute)."""
     name: str
     setup: Callable[..., Callable[[], object]]
     params: dict[str, Any] = field(default_factory=dict)
@@ -72,6 +76,7 @@ class Case:
     repeat: int | None = None
     warmup: int | None = None
     prime: bool = False
+    adaptive: bool = True
 
 
 @dataclass
@@ -79,15 +84,25 @@ class Stat:
     median: float
     low: float
     high: float
+    q1: float = 0.0
+    q3: float = 0.0
+    n: int = 0
 
     @property
     def spread(self) -> float:
         """Min-max range in percent of the median."""
         return 100.0 * (self.high - self.low) / self.median if self.median else 0.0
 
+    @property
+    def iqr(self) -> float:
+        """Interquartile range in percent of the median."""
+        return 100.0 * (self.q3 - self.q1) / self.median if self.median else 0.0
+
     @staticmethod
     def of(xs: Sequence[float]) -> Stat:
-        return Stat(statistics.median(xs), min(xs), max(xs))
+        q1, q3 = (statistics.quantiles(xs, n=4, method="inclusive")[::2] if len(xs) > 1
+                  else (xs[0], xs[0]))
+        return Stat(statistics.median(xs), min(xs), max(xs), q1, q3, len(xs))
 
 
 @dataclass
@@ -158,22 +173,28 @@ def _spawn(script: str, case: Case, side: str, args: argparse.Namespace) -> floa
 
 
 def measure(script: str, case: Case, args: argparse.Namespace,
-            progress: Callable[[], None] = lambda: None) -> Result:
-    """Runs the case's two sides in alternating fresh processes, `args.rounds` times each."""
+            progress: Callable[[int], None] = lambda n: None) -> Result:
+    """Runs the case's two sides in alternating fresh processes: `args.rounds` rounds, then
+    (adaptive cases) more, two at a time so both orders stay balanced, until the ratio's
+    interquartile range is within `args.target` percent or `args.max_rounds` is reached."""
     a_side, b_side = case.sides
     ta: list[float] = []
     tb: list[float] = []
     if case.prime:
         for side in case.sides:
             _spawn(script, case, side, args)
-    for r in range(args.rounds):
-        order = (a_side, b_side) if r % 2 == 0 else (b_side, a_side)
+    limit = max(args.max_rounds, args.rounds) if case.adaptive else args.rounds
+    while len(ta) < limit:
+        order = (a_side, b_side) if len(ta) % 2 == 0 else (b_side, a_side)
         got = {}
         for side in order:
             got[side] = _spawn(script, case, side, args)
-            progress()
+            progress(1)
         ta.append(got[a_side])
         tb.append(got[b_side])
+        settled = len(ta) >= args.rounds and len(ta) % 2 == 0
+        if settled and summarize(case, ta, tb).ratio.iqr <= args.target:
+            break
     return summarize(case, ta, tb)
 
 
@@ -194,7 +215,8 @@ def table(results: Sequence[Result], title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("case", "a", "a ms (spread)", "b", "b ms (spread)", "ratio (range)", "goal"):
+    for col in ("case", "a", "a ms (spread)", "b", "b ms (spread)", "ratio (IQR; range)",
+                "rounds", "goal"):
         t.add_column(col, justify="left" if col in ("case", "a", "b") else "right")
     for r in results:
         mark = "" if r.met is None else (" ok" if r.met else " MISSED")
@@ -203,8 +225,8 @@ def table(results: Sequence[Result], title: str) -> None:
             extra = f"\n{r.rate[0]:.3g} / {r.rate[1]:.3g} {r.rate_unit}"
         t.add_row(r.case + extra, r.sides[0], f"{r.a.median * 1e3:.2f} ({r.a.spread:.0f}%)",
                   r.sides[1], f"{r.b.median * 1e3:.2f} ({r.b.spread:.0f}%)",
-                  f"{r.ratio.median:.3f} ({r.ratio.low:.2f}-{r.ratio.high:.2f})",
-                  (r.goal or "-") + mark)
+                  f"{r.ratio.median:.3f} ({r.ratio.iqr:.0f}%; {r.ratio.low:.2f}-"
+                  f"{r.ratio.high:.2f})", str(r.ratio.n), (r.goal or "-") + mark)
     Console().print(t)
 
 
@@ -222,8 +244,9 @@ def write_reports(results: Sequence[Result], name: str, title: str, out: Path,
     rows = "".join(
         f"<tr><td>{r.case}</td><td>{r.sides[0]}: {r.a.median * 1e3:.2f} ms "
         f"({r.a.spread:.0f}%)</td><td>{r.sides[1]}: {r.b.median * 1e3:.2f} ms "
-        f"({r.b.spread:.0f}%)</td><td>{r.ratio.median:.3f} ({r.ratio.low:.2f}-"
-        f"{r.ratio.high:.2f})</td><td>{r.goal or '-'}</td></tr>" for r in results)
+        f"({r.b.spread:.0f}%)</td><td>{r.ratio.median:.3f} (IQR {r.ratio.iqr:.0f}%; "
+        f"{r.ratio.low:.2f}-{r.ratio.high:.2f})</td><td>{r.ratio.n}</td>"
+        f"<td>{r.goal or '-'}</td></tr>" for r in results)
     hpath.write_text(
         f"<!doctype html><meta charset='utf-8'><title>{title}</title>"
         "<style>body{font:14px system-ui,sans-serif;margin:24px}table{border-collapse:"
@@ -231,7 +254,8 @@ def write_reports(results: Sequence[Result], name: str, title: str, out: Path,
         ".ct{font-size:13px;font-weight:600}</style>"
         f"<h1>{title}</h1><p>{json.dumps(meta)}</p>"
         + bar_chart(bars, "ratio per case (median over rounds)", unit="x")
-        + "<table><tr><th>case</th><th>a</th><th>b</th><th>ratio (range)</th><th>goal</th>"
+        + "<table><tr><th>case</th><th>a</th><th>b</th><th>ratio (IQR; range)</th>"
+        "<th>rounds</th><th>goal</th>"
         f"</tr>{rows}</table>")
     return jpath, hpath
 
@@ -239,7 +263,12 @@ def write_reports(results: Sequence[Result], name: str, title: str, out: Path,
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=5, help="processes per side (alternated)")
+    p.add_argument("--rounds", type=int, default=7,
+                   help="processes per side at least (alternated)")
+    p.add_argument("--max-rounds", type=int, default=15,
+                   help="processes per side at most, while the ratio's IQR is over --target")
+    p.add_argument("--target", type=float, default=10.0,
+                   help="stop adding rounds once the ratio's IQR is within this percent")
     p.add_argument("--repeat", type=int, default=10, help="timed calls per process")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per process first")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
@@ -275,11 +304,15 @@ def run_cases(script: str, cases: Sequence[Case] | Callable[[bool], Sequence[Cas
 
     results = []
     with tqdm(total=2 * args.rounds * len(chosen), desc=title, unit="proc") as bar:
+        def step(n: int) -> None:
+            bar.total = max(bar.total, bar.n + n)  # an adaptive case added rounds
+            bar.update(n)
         for case in chosen:
-            results.append(measure(script, case, args, bar.update))
-    table(results, f"{title}: b / a per round, median over {args.rounds} rounds "
+            results.append(measure(script, case, args, step))
+    table(results, f"{title}: b / a per round, median over >= {args.rounds} rounds "
                    f"(best of {args.repeat} per process, {args.clock} clock)")
-    meta: dict[str, Any] = {"rounds": args.rounds, "repeat": args.repeat,
+    meta: dict[str, Any] = {"rounds": args.rounds, "max_rounds": args.max_rounds,
+                            "target_iqr_percent": args.target, "repeat": args.repeat,
                             "warmup": args.warmup, "clock": args.clock,
                             "threads": args.threads or "default", "quick": args.quick,
                             "load_average": os.getloadavg()[0], "cpus": os.cpu_count()}

@@ -1,12 +1,16 @@
-"""Static-cache generation, compiled: neuron / Inductor on plain CPU, each in its own process.
+"""Static-cache generation, compiled, each side in its own process (see _common.py).
 
 Prefill (generate with 1 new token) and generate (N new tokens over the whole call,
 prefill included: decode-dominated), greedy, `cache_implementation="static"`. neuron is
-auto-compiled by transformers (backend "neuron", dynamic=False); the CPU baseline is
-compiled the same way with Inductor (CompileConfig(backend="inductor", dynamic=False),
-`_compile_all_devices`). Ratios are speed-ups (tokens/s neuron / tokens/s CPU); goal for
-generate: >= 1.0. Afterwards, in one process: a 64-token generation after warm-up must
-compile no new graph, and neuron's tokens must equal CPU's.
+auto-compiled by transformers (backend "neuron", dynamic=False). Sides:
+- `neuron`: the default compiler, against `cpu`: plain PyTorch generating on CPU as a user
+  gets it (transformers compiles nothing on CPU by default);
+- `neuron-inductor` (NEURONLOCAL_COMPILER=inductor), against `cpu-inductor`: the CPU model
+  compiled the same way with Inductor (CompileConfig(backend="inductor", dynamic=False),
+  `_compile_all_devices`).
+Ratios are speed-ups (tokens/s neuron / tokens/s CPU); goal for generate: >= 1.0.
+Afterwards, in one process: a 64-token generation after warm-up must compile no new graph,
+and neuron's tokens must equal CPU's.
 Run: python bench/generate.py [--quick] [--rounds N]   (--quick: hidden 256, 2 layers, 16 new)
 """
 
@@ -29,16 +33,20 @@ def _sizes(quick: bool) -> dict[str, int]:
 
 
 def _model(side: str, hidden: int, layers: int) -> Any:
+    import os
+
+    if side == "neuron-inductor":
+        os.environ["NEURONLOCAL_COMPILER"] = "inductor"
     import torch
     from transformers import CompileConfig
 
-    model = llama(hidden, layers).to(side)
-    if side == "cpu":
+    model = llama(hidden, layers).to(side.split("-")[0])
+    if side == "cpu-inductor":
         cc = CompileConfig(backend="inductor", dynamic=False, mode="default")
         cc._compile_all_devices = True
         model.generation_config.compile_config = cc
     ids = torch.randint(0, 1000, (BATCH, PROMPT), generator=torch.Generator().manual_seed(0))
-    return model, ids.to(side)
+    return model, ids.to(side.split("-")[0])
 
 
 def generate_setup(side: str, hidden: int, layers: int, tokens: int, **_: int
@@ -58,13 +66,18 @@ def generate_setup(side: str, hidden: int, layers: int, tokens: int, **_: int
 def cases(quick: bool) -> list[Case]:
     s = _sizes(quick)
     shape = {"hidden": s["hidden"], "layers": s["layers"]}
-    return [
-        Case(f"prefill {BATCH}x{PROMPT} (tokens/s)", generate_setup, {**shape, "tokens": 1},
-             None, speedup=True, per_call=BATCH * PROMPT),
-        Case(f"generate {s['new']} tokens (tokens/s)", generate_setup,
-             {**shape, "tokens": s["new"]}, Goal(">=", 1.0), speedup=True,
-             per_call=BATCH * s["new"]),
-    ]
+    out = []
+    for sides, how in ((("cpu", "neuron"), "default compiler / CPU"),
+                       (("cpu-inductor", "neuron-inductor"), "Inductor / stock Inductor")):
+        out += [
+            Case(f"prefill {BATCH}x{PROMPT} (tokens/s), {how}", generate_setup,
+                 {**shape, "tokens": 1}, None, sides=sides, speedup=True,
+                 per_call=BATCH * PROMPT, prime=True),
+            Case(f"generate {s['new']} tokens (tokens/s), {how}", generate_setup,
+                 {**shape, "tokens": s["new"]}, Goal(">=", 1.0), sides=sides, speedup=True,
+                 per_call=BATCH * s["new"], prime=True),
+        ]
+    return out
 
 
 def check(args: Any) -> dict[str, Any]:
@@ -73,7 +86,7 @@ def check(args: Any) -> dict[str, Any]:
 
     s = _sizes(args.quick)
     dev, dids = _model("neuron", s["hidden"], s["layers"])
-    cpu, ids = _model("cpu", s["hidden"], s["layers"])
+    cpu, ids = _model("cpu-inductor", s["hidden"], s["layers"])
 
     def gen(model: Any, x: Any) -> Any:
         return model.generate(x, max_new_tokens=64, min_new_tokens=64, do_sample=False,

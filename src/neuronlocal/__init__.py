@@ -12,7 +12,8 @@ imports this package. Importing it registers everything, once, in this order:
 5. register `torch.neuron` (device) and generate `.neuron()` methods;
 6. c10d backend `neuron` and functional-collective kernels (distributed), if available;
 7. torch.compile seams: Dynamo's device interface and the default (Inductor) backend on
-   neuron, installed when those PyTorch modules are imported (compile.inductor);
+   neuron (compile.inductor), FlexAttention's device check under Dynamo (compile.flex),
+   installed when those PyTorch modules are imported;
 8. Hugging Face glue: lazy import hooks, nothing imported now (hf).
 """
 
@@ -58,10 +59,12 @@ if config_error is None:
     device.init()
 
 from neuronlocal import distributed, hf  # noqa: E402
+from neuronlocal.compile import flex as _flex  # noqa: E402
 from neuronlocal.compile import inductor as _inductor  # noqa: E402
 
 distributed.register()
 _inductor.register()
+_flex.register()
 hf.register()
 
 __version__ = VERSION

@@ -43,7 +43,7 @@ def _allow_compiled(mod: ModuleType) -> None:
         original(query, key, value)
 
     _validate_device._neuronlocal = True  # type: ignore[attr-defined]
-    mod._validate_device = _validate_device
+    mod._validate_device = _validate_device  # type: ignore[attr-defined]
 
 
 def dense_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

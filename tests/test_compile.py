@@ -295,6 +295,29 @@ def test_flex_attention_compiled_fwd_bwd_match_cpu(monkeypatch, compiler):
     assert estimate["top_nodes"][0]["node"] == "flex_attention"
 
 
+def test_flex_attention_compiled_under_autocast():
+    """Under torch.autocast("neuron", bfloat16) compiled FlexAttention computes in bfloat16
+    (as PyTorch's CPU and CUDA autocast kernels of the operator) and its backward runs."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(0)
+    cpu = [torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(3)]
+    dev = [t.detach().to("neuron").requires_grad_() for t in cpu]
+    mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, None, 16, 16, device="neuron")
+    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, block_mask=mask,
+                                                      score_mod=lambda s, b, h, q, kv: s),
+                       backend="neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        out = fn(*dev)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    ref = torch.nn.functional.scaled_dot_product_attention(*cpu, is_causal=True)
+    ref.sum().backward()
+    torch.testing.assert_close(out.float().cpu(), ref, atol=3e-2, rtol=3e-2)
+    for d, c in zip(dev, cpu, strict=True):
+        torch.testing.assert_close(d.grad.cpu(), c.grad, atol=6e-2, rtol=6e-2)
+
+
 def test_dense_flex_attention_matches_the_operator_and_masks_rows_safely():
     """Inductor's stand-in for FlexAttention: the operator's output, log-sum-exp and row max;
     a row that masks every key gives zeros, -inf and finite gradients."""

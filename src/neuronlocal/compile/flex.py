@@ -12,6 +12,8 @@ plain ops (its gpt-oss example lets neuron tensors past that check). Here:
   AOTAutograd's graphs run their dense ATen implementation on the neuron tensors (scores,
   score_mod and mask_mod applied to the score matrix, softmax, matmul), through the eager
   path: op placement, CPU-fallback tracking, HBM;
+- under `torch.autocast("neuron")` the operator casts query, key and value to the autocast
+  dtype, as its CPU and CUDA autocast kernels do (PyTorch has none for PrivateUse1);
 - Inductor on CPU lowers FlexAttention for inference only, without the log-sum-exp, so the
   Inductor compiler gets a copy of the graph in which the operator is replaced by
   `dense_flex_attention` (the same computation in ATen ops), whose backward AOTAutograd
@@ -44,6 +46,31 @@ def _allow_compiled(mod: ModuleType) -> None:
 
     _validate_device._neuronlocal = True  # type: ignore[attr-defined]
     mod._validate_device = _validate_device  # type: ignore[attr-defined]
+
+
+def _autocast_kernel(hop_mod: ModuleType) -> None:
+    """The FlexAttention operator under autocast on neuron: PyTorch gives it autocast kernels
+    for CPU and CUDA only, so a compiled FlexAttention inside `torch.autocast("neuron")`
+    found no kernel. As on those devices: query, key and value cast to the autocast dtype,
+    then the operator with autocast off."""
+    from torch._C import DispatchKey
+    from torch.amp.autocast_mode import _cast
+
+    hop = hop_mod.flex_attention
+    if getattr(hop, "_neuronlocal", False):
+        return
+    neuron_key = DispatchKey.AutocastPrivateUse1  # type: ignore[attr-defined]
+
+    def autocast(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 *rest: Any) -> Any:
+        dtype = torch.get_autocast_dtype("neuron")
+        query, key, value = (_cast(t, "neuron", dtype) for t in (query, key, value))
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(neuron_key)):
+            return hop(query, key, value, *rest)
+
+    hop.py_impl(neuron_key)(autocast)
+    hop._dispatch_cache.clear()
+    hop._neuronlocal = True
 
 
 def dense_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -88,6 +115,7 @@ def decompose(graph: fx.Graph) -> None:
 
 
 def register() -> None:
-    """Lets neuron inputs past FlexAttention's device check under Dynamo, when (or if) the
-    module is imported."""
+    """Lets neuron inputs past FlexAttention's device check under Dynamo, and gives the
+    operator its autocast kernel, when (or if) the modules are imported."""
     patching.after_import("torch.nn.attention.flex_attention", _allow_compiled)
+    patching.after_import("torch._higher_order_ops.flex_attention", _autocast_kernel)

@@ -353,17 +353,23 @@ print("ok")
         assert name in (hf.__doc__ or ""), f"patch {name} is not documented in neuronlocal.hf"
 
 
-@pytest.mark.parametrize("arch,wrap", [
-    ("Llama", False), pytest.param("Qwen2", True, marks=pytest.mark.slow)])
-def test_flex_attention_with_grads(arch: str, wrap: bool) -> None:
+@pytest.mark.parametrize("arch,wrap,compiler", [
+    ("Llama", False, "eager"), pytest.param("Qwen2", True, "eager", marks=pytest.mark.slow),
+    pytest.param("Llama", False, "inductor", marks=pytest.mark.slow)])
+def test_flex_attention_with_grads(arch: str, wrap: bool, compiler: str,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers' test_flex_attention_with_grads on neuron, checked against CPU: a model
     with attn_implementation="flex_attention" (transformers compiles FlexAttention and its
     block mask; Qwen2 is also compiled whole), a padded batch, loss.backward(). The CPU
-    reference runs SDPA (PyTorch's FlexAttention has no CPU backward)."""
+    reference runs SDPA (PyTorch's FlexAttention has no CPU backward). With Inductor the
+    padding mask's mask_mod body is copied to CPU with its graph."""
     import copy
 
     import torch_neuronx
 
+    monkeypatch.setenv("NEURONLOCAL_COMPILER", compiler)
+    torch._dynamo.reset()  # transformers compiles FlexAttention once per process
+    torch.neuron.reset_dynamo_metrics()
     cfg = getattr(transformers, f"{arch}Config")(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -388,4 +394,7 @@ def test_flex_attention_with_grads(arch: str, wrap: bool) -> None:
     torch.testing.assert_close(out.loss.cpu(), want.loss)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4, msg=name)
-    assert "aten::bmm" in torch_neuronx.get_executed_ops()  # attention's matmuls, on neuron
+    graphs = torch.neuron.get_dynamo_metrics()["graphs"]
+    assert graphs and {g["extra"]["compiler"] for g in graphs} == {compiler}
+    if compiler == "eager":  # attention's matmuls ran on neuron, op by op
+        assert "aten::bmm" in torch_neuronx.get_executed_ops()

@@ -100,7 +100,8 @@ def _host(val: Any) -> Any:
 def cpu_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A CPU copy of `gm` for Inductor: device constants neuron -> cpu, neuron tensor
     attributes -> CPU aliases, ops whose device kernel accepts more than the CPU kernel
-    -> their wider host version, and FlexAttention -> its ATen ops (compile/flex.py).
+    -> their wider host version, and FlexAttention -> its ATen ops (compile/flex.py); the
+    bodies of higher-order ops (score_mod, mask_mod, cond branches) are copied the same way.
 
     Only the graph is copied; attributes are shared (as aliases), never deep-copied: that
     would copy every weight, and inside AOTAutograd's fake mode (the graphs of a desugared
@@ -124,7 +125,9 @@ def cpu_copy(gm: fx.GraphModule) -> fx.GraphModule:
                 parent = getattr(parent, part)
             val = gm.get_submodule(owner) if owner else gm
             val = getattr(val, name)
-            if isinstance(val, torch.nn.Module):
+            if isinstance(val, fx.GraphModule):  # a body of a higher-order op: also copied
+                parent.add_module(name, cpu_copy(val))
+            elif isinstance(val, torch.nn.Module):
                 parent.add_module(name, val)
             else:
                 setattr(parent, name, _host(val))

@@ -353,21 +353,48 @@ print("ok")
         assert name in (hf.__doc__ or ""), f"patch {name} is not documented in neuronlocal.hf"
 
 
-def test_flex_attention_refused_up_front(tmp_path) -> None:
-    """PyTorch's FlexAttention cannot run on neuron: transformers models using it fail when
-    they are moved or loaded onto neuron, naming the fix, not at the first forward."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=1, num_attention_heads=2,
-                                   num_key_value_heads=1)
-    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="flex_attention")
-    with pytest.raises(ValueError, match="flex_attention.*cannot run on neuron.*sdpa"):
-        model.to("neuron")
-    model.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="cannot run on neuron"):
-        transformers.LlamaForCausalLM.from_pretrained(
-            tmp_path, attn_implementation="flex_attention", device_map="neuron")
-    model.set_attn_implementation("sdpa")
-    ids = torch.randint(0, 64, (1, 5))
-    torch.testing.assert_close(model.to("neuron")(ids.to("neuron")).logits.cpu(),
-                               model.to("cpu")(ids).logits, atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("arch,wrap,compiler", [
+    ("Llama", False, "eager"), pytest.param("Qwen2", True, "eager", marks=pytest.mark.slow),
+    pytest.param("Llama", False, "inductor", marks=pytest.mark.slow)])
+def test_flex_attention_with_grads(arch: str, wrap: bool, compiler: str,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' test_flex_attention_with_grads on neuron, checked against CPU: a model
+    with attn_implementation="flex_attention" (transformers compiles FlexAttention and its
+    block mask; Qwen2 is also compiled whole), a padded batch, loss.backward(). The CPU
+    reference runs SDPA (PyTorch's FlexAttention has no CPU backward). With Inductor the
+    padding mask's mask_mod body is copied to CPU with its graph."""
+    import copy
+
+    import torch_neuronx
+
+    monkeypatch.setenv("NEURONLOCAL_COMPILER", compiler)
+    torch._dynamo.reset()  # transformers compiles FlexAttention once per process
+    torch.neuron.reset_dynamo_metrics()
+    cfg = getattr(transformers, f"{arch}Config")(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    cls = getattr(transformers, f"{arch}ForCausalLM")
+    torch.manual_seed(0)
+    ref = cls._from_config(copy.deepcopy(cfg), attn_implementation="sdpa")
+    model = cls._from_config(copy.deepcopy(cfg), attn_implementation="flex_attention")
+    model.load_state_dict(ref.state_dict())
+    model.to("neuron").train()
+    ref.train()
+    ids = torch.randint(0, 64, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :3] = 0  # left padding: the padded queries see no key
+    labels = ids.masked_fill(mask == 0, -100)
+    run = torch.compile(model, backend="neuron") if wrap else model
+    torch_neuronx.clear_op_tracking()
+    out = run(input_ids=ids.to("neuron"), attention_mask=mask.to("neuron"),
+              labels=labels.to("neuron"))
+    out.loss.backward()
+    want = ref(input_ids=ids, attention_mask=mask, labels=labels)
+    want.loss.backward()
+    torch.testing.assert_close(out.loss.cpu(), want.loss)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    graphs = torch.neuron.get_dynamo_metrics()["graphs"]
+    assert graphs and {g["extra"]["compiler"] for g in graphs} == {compiler}
+    if compiler == "eager":  # attention's matmuls ran on neuron, op by op
+        assert "aten::bmm" in torch_neuronx.get_executed_ops()

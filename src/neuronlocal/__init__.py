@@ -9,10 +9,12 @@ imports this package. Importing it registers everything, once, in this order:
 2. rename PrivateUse1 to `neuron`;
 3. start the C++ core: device guard, hooks, HBM allocator, eager kernels (neuronlocal._C);
 4. eager policy: CPU-fallback op list, 64-bit policy, direct kernels (eager);
-5. register `torch.neuron` (device) and generate `.neuron()` methods;
+5. register `torch.neuron` (device) and generate `.neuron()` methods; higher-order
+   operators fall through neuron's autocast key, as through CPU's and CUDA's (amp);
 6. c10d backend `neuron` and functional-collective kernels (distributed), if available;
 7. torch.compile seams: Dynamo's device interface and the default (Inductor) backend on
-   neuron, installed when those PyTorch modules are imported (compile.inductor);
+   neuron (compile.inductor), FlexAttention's device check under Dynamo (compile.flex),
+   installed when those PyTorch modules are imported;
 8. Hugging Face glue: lazy import hooks, nothing imported now (hf).
 """
 
@@ -51,6 +53,7 @@ from neuronlocal.eager.tracking import (  # noqa: E402
 eager.register(_state.config)
 torch._register_device_module("neuron", device)
 sys.modules["torch.neuron.amp"] = device.amp  # `import torch.neuron.amp` works too
+device.amp.hops_fall_through_autocast()
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
 )
@@ -58,10 +61,12 @@ if config_error is None:
     device.init()
 
 from neuronlocal import distributed, hf  # noqa: E402
+from neuronlocal.compile import flex as _flex  # noqa: E402
 from neuronlocal.compile import inductor as _inductor  # noqa: E402
 
 distributed.register()
 _inductor.register()
+_flex.register()
 hf.register()
 
 __version__ = VERSION

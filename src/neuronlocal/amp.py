@@ -36,3 +36,19 @@ class GradScaler(torch.amp.GradScaler):
 
 custom_fwd: Any = functools.partial(torch.amp.custom_fwd, device_type="neuron")
 custom_bwd: Any = functools.partial(torch.amp.custom_bwd, device_type="neuron")
+
+
+def hops_fall_through_autocast() -> None:
+    """Higher-order operators (FlexAttention's backward, torch.cond, ...) under
+    `torch.autocast("neuron")`: PyTorch lets them fall through the autocast keys of CPU, CUDA
+    and XPU (the ops of their bodies autocast themselves) but not PrivateUse1's, so one
+    without an autocast kernel of its own found no kernel. Neuron's key falls through the
+    same way, for the operators that exist now and those made later."""
+    from torch import _ops
+
+    key = torch._C.DispatchKey.AutocastPrivateUse1  # type: ignore[attr-defined]
+    if key not in _ops._HIGHER_ORDER_OP_DEFAULT_FALLTHROUGH_DISPATCH_KEYS:
+        _ops._HIGHER_ORDER_OP_DEFAULT_FALLTHROUGH_DISPATCH_KEYS.append(key)
+    for hop in list(_ops._higher_order_ops.values()):
+        if key not in hop.py_kernels:
+            hop.fallthrough(key)

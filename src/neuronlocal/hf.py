@@ -11,11 +11,6 @@ Patches (see `PATCHES`):
 - accelerate.utils.modeling.get_max_memory: its device list has npu, mlu, sdaa, musa, xpu, hpu
   and cuda but no neuron, so `device_map="auto"` finds no accelerator and puts the whole model
   on the CPU. On neuron it now returns each logical core's free HBM (as for a GPU).
-- transformers.modeling_utils.PreTrainedModel (`to`, `_finalize_model_loading`): PyTorch's
-  FlexAttention refuses devices other than CUDA, CPU, HPU and MPS, which transformers only
-  finds out at the first forward, deep inside a compile. A model using
-  `attn_implementation="flex_attention"` now fails up front when it is moved or loaded onto
-  neuron, naming the fix (sdpa or eager).
 - kernels.kernelize (HF `kernels` 0.17): `kernelize(model, device="neuron")` swapped nothing
   and said nothing: no mapping names a layer for neuron, and transformers only marks its
   layers kernelizable with kernels>=0.18.2. On neuron it now installs neuronlocal's local
@@ -24,13 +19,15 @@ Patches (see `PATCHES`):
 - transformers.generation.utils.GenerationMixin.generate: observed, not changed. generate()
   calls the model's own forward, so after `torch.compile(model)` it runs uncompiled; a first
   generate() of a model that compiled nothing while a `torch.compile` wrapper of that model
-  exists is counted (`hf_generate_bypassed_compile`) and the run report says so. Weight
-  loads are counted too (`hf_weight_loads`), for the report's HF_DEACTIVATE_ASYNC_LOAD note.
+  exists is counted (`hf_generate_bypassed_compile`) and the run report says so.
+- transformers.modeling_utils.PreTrainedModel._finalize_model_loading: observed, not changed.
+  Weight loads are counted (`hf_weight_loads`), for the report's HF_DEACTIVATE_ASYNC_LOAD note.
 
-Checked and left alone (no patch needed): the threaded weight loader (with and without
-HF_DEACTIVATE_ASYNC_LOAD=1), peft.utils.infer_device (returns "cpu"; adapters still load onto
-the model's device through load_state_dict), accelerate's `Accelerator`, TRL's SFTTrainer,
-diffusers pipelines.
+Checked and left alone (no patch needed): `attn_implementation="flex_attention"` (runs under
+torch.compile, as on TorchNeuron: neuronlocal.compile.flex), the threaded weight loader (with
+and without HF_DEACTIVATE_ASYNC_LOAD=1), peft.utils.infer_device (returns "cpu"; adapters
+still load onto the model's device through load_state_dict), accelerate's `Accelerator`,
+TRL's SFTTrainer, diffusers pipelines.
 """
 
 from __future__ import annotations
@@ -96,43 +93,19 @@ def _patch_accelerate_modeling(mod: Any) -> None:
     mod.get_max_memory = get_max_memory
 
 
-def _flex_attention_on_neuron(model: torch.nn.Module) -> None:
-    """Raises if `model` uses flex_attention (on any of its configs) and sits on neuron."""
-    configs = [getattr(model, "config", None)]
-    configs += [getattr(configs[0], name, None) for name in
-                getattr(configs[0], "sub_configs", None) or {}]
-    if not any(getattr(c, "_attn_implementation", None) == "flex_attention" for c in configs):
-        return
-    raise ValueError(
-        f"{type(model).__name__} uses attn_implementation='flex_attention', which cannot run "
-        "on neuron: PyTorch's FlexAttention supports only CUDA, CPU, HPU and MPS devices. Load "
-        "it with attn_implementation='sdpa' (or 'eager'), or call "
-        "model.set_attn_implementation('sdpa') before moving it to neuron.")
-
-
 def _patch_transformers_modeling(mod: ModuleType) -> None:
-    """PreTrainedModel: refuse flex_attention on neuron when the model gets there."""
+    """PreTrainedModel._finalize_model_loading: counts weight loads (observed, not changed)."""
     cls = mod.PreTrainedModel
-    if getattr(cls.to, "_neuronlocal", False):
+    original_finalize = cls._finalize_model_loading
+    if getattr(original_finalize, "_neuronlocal", False):
         return
-    original_to, original_finalize = cls.to, cls._finalize_model_loading
-
-    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
-        if device is not None and device.type == "neuron":
-            _flex_attention_on_neuron(self)
-        return original_to(self, *args, **kwargs)
 
     def _finalize_model_loading(model: Any, *args: Any, **kwargs: Any) -> Any:
         info = original_finalize(model, *args, **kwargs)
         core_counters.increment("hf_weight_loads")
-        if any(p.device.type == "neuron" for p in model.parameters()):
-            _flex_attention_on_neuron(model)
         return info
 
-    to._neuronlocal = True  # type: ignore[attr-defined]
-    to.__doc__ = original_to.__doc__
-    cls.to = to
+    _finalize_model_loading._neuronlocal = True  # type: ignore[attr-defined]
     cls._finalize_model_loading = staticmethod(_finalize_model_loading)
 
 

@@ -32,7 +32,13 @@ from neuronlocal import _C
 from neuronlocal.compile.aot import autocopied, compile_parts
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
-from neuronlocal.compile.inductor import lowering_fixes, optlevel_patches, stock_compile_fx
+from neuronlocal.compile.flex import decompose as decompose_flex
+from neuronlocal.compile.inductor import (
+    lowering_fixes,
+    on_neuron,
+    optlevel_patches,
+    stock_compile_fx,
+)
 from neuronlocal.compile.subclass import compile_desugared, has_subclass
 from neuronlocal.core import dynamo_metrics as metrics
 from neuronlocal.core.config import env_compiler, env_flag
@@ -93,8 +99,9 @@ def _host(val: Any) -> Any:
 
 def cpu_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A CPU copy of `gm` for Inductor: device constants neuron -> cpu, neuron tensor
-    attributes -> CPU aliases, and ops whose device kernel accepts more than the CPU kernel
-    -> their wider host version.
+    attributes -> CPU aliases, ops whose device kernel accepts more than the CPU kernel
+    -> their wider host version, and FlexAttention -> its ATen ops (compile/flex.py); the
+    bodies of higher-order ops (score_mod, mask_mod, cond branches) are copied the same way.
 
     Only the graph is copied; attributes are shared (as aliases), never deep-copied: that
     would copy every weight, and inside AOTAutograd's fake mode (the graphs of a desugared
@@ -118,10 +125,13 @@ def cpu_copy(gm: fx.GraphModule) -> fx.GraphModule:
                 parent = getattr(parent, part)
             val = gm.get_submodule(owner) if owner else gm
             val = getattr(val, name)
-            if isinstance(val, torch.nn.Module):
+            if isinstance(val, fx.GraphModule):  # a body of a higher-order op: also copied
+                parent.add_module(name, cpu_copy(val))
+            elif isinstance(val, torch.nn.Module):
                 parent.add_module(name, val)
             else:
                 setattr(parent, name, _host(val))
+    decompose_flex(graph)  # Inductor's CPU FlexAttention is inference-only
     out = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     out.meta = dict(getattr(gm, "meta", {}))
     return out
@@ -356,8 +366,7 @@ class _Specializer:
         if fn is None:
             kind = "specialized" if self.positions else "static"
             before = metrics.next_graph_id()
-            if env_compiler() == "eager" and any(
-                    isinstance(a, torch.Tensor) and a.device.type == "neuron" for a in args):
+            if env_compiler() == "eager" and on_neuron(self.gm, args):
                 fn = compile_eager(self.gm, args, self.options, kind, self.extra)
             elif has_subclass(args):
                 fn = compile_desugared(self.gm, args, self.options, kind, self.extra)

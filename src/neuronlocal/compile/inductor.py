@@ -117,8 +117,19 @@ def _register_interface(mod: ModuleType) -> None:
         mod.register_interface_for_device(f"neuron:{i}", Interface)
 
 
-def _on_neuron(example_inputs: Sequence[Any]) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in example_inputs)
+def on_neuron(gm: Any, example_inputs: Sequence[Any]) -> bool:
+    """Whether a graph works on neuron: a neuron input, or (a graph without tensor inputs,
+    such as FlexAttention's `create_block_mask`) a value it makes on neuron."""
+    if any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in example_inputs):
+        return True
+    if any(isinstance(x, torch.Tensor) for x in example_inputs) or \
+            not isinstance(gm, torch.fx.GraphModule):
+        return False
+    from torch.utils import _pytree as pytree
+
+    return any(isinstance(v, torch.Tensor) and v.device.type == "neuron"
+               for node in gm.graph.nodes
+               for v in pytree.tree_leaves(node.meta.get("example_value", node.meta.get("val"))))
 
 
 def optlevel_patches() -> dict[str, Any]:
@@ -177,7 +188,7 @@ def _route_compile_fx(mod: Any) -> None:
     def compile_fx(model_: Any, example_inputs_: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
         from torch._inductor.virtualized import V
 
-        if not _on_neuron(example_inputs_) or args or set(kwargs) - _ROUTABLE:
+        if not on_neuron(model_, example_inputs_) or args or set(kwargs) - _ROUTABLE:
             return stock(model_, example_inputs_, *args, **kwargs)
         if V.aot_compilation or (kwargs.get("config_patches") or {}).get("aot_inductor"):
             raise NotImplementedError(

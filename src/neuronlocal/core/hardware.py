@@ -136,9 +136,9 @@ def profile(cfg: Config) -> Profile:
     visible = parse_visible(cfg.visible_cores, total) if cfg.visible_cores else tuple(range(total))
     if cfg.num_cores:
         if cfg.num_cores > len(visible):
-            raise ConfigError(f"NEURON_RT_NUM_CORES={cfg.num_cores} asks for more logical cores "
-                              f"than the {len(visible)} visible; use 1 to {len(visible)}, or 0 "
-                              "for all.")
+            raise ConfigError(f"NEURON_RT_NUM_CORES={str(cfg.num_cores)!r} asks for more "
+                              f"logical cores than the {len(visible)} visible; use 1 to "
+                              f"{len(visible)}, or 0 for all.")
         visible = visible[:cfg.num_cores]
     if len(visible) > MAX_VISIBLE_CORES:
         raise ConfigError(f"{len(visible)} logical cores are visible, but the Neuron runtime "

@@ -385,6 +385,8 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 def __getattr__(name: str) -> Any:
     if name == "default_generators":
         return default_generators_tuple()
+    if name == "_initialized":  # what torch.utils.checkpoint reads before saving RNG states
+        return _state.started()
     if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):
         from neuronlocal.core import (
             dynamo_metrics as metrics,  # imported lazily: keeps `import torch` fast

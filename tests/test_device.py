@@ -430,3 +430,20 @@ def test_new_streams_are_the_default_stream_unless_host_cc(monkeypatch):
     monkeypatch.setenv("NEURON_RT_ENABLE_HOST_CC", "1")
     a, b = torch.neuron.Stream(), torch.neuron.Stream()
     assert a != b and a != torch.neuron.default_stream()
+
+
+def test_eager_checkpoint_replays_the_dropout_mask():
+    """torch.utils.checkpoint saves and restores the core's generator state (it does so once
+    `torch.neuron._initialized` says the runtime runs): recomputed masks are the forward's."""
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(16, 16).to("neuron")
+    x = torch.randn(8, 16, device="neuron", requires_grad=True)
+    grads = []
+    for use in (False, True):
+        torch.manual_seed(1)
+        fn = lambda y: torch.nn.functional.dropout(lin(y), 0.5).relu()  # noqa: E731
+        (checkpoint(fn, x, use_reentrant=False) if use else fn(x)).sum().backward()
+        grads.append(x.grad.cpu())
+        x.grad = None
+    assert torch.equal(grads[0], grads[1])

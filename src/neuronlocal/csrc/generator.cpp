@@ -50,7 +50,8 @@ struct Snapshot {
 class NeuronGenerator final : public c10::GeneratorImpl {
  public:
   explicit NeuronGenerator(c10::DeviceIndex index, uint64_t seed = c10::default_rng_seed_val)
-      : c10::GeneratorImpl(c10::Device(kNeuron, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+      : c10::GeneratorImpl(c10::Device(kNeuron, index),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         host_(at::detail::createCPUGenerator(seed)) {}
 
   static c10::DeviceType device_type() { return kNeuron; }
@@ -66,7 +67,9 @@ class NeuronGenerator final : public c10::GeneratorImpl {
     return s;
   }
   uint64_t get_offset() const override { return static_cast<uint64_t>(offset_); }
-  void set_offset(uint64_t offset) override { move_to(current_seed(), static_cast<int64_t>(offset)); }
+  void set_offset(uint64_t offset) override {
+    move_to(current_seed(), static_cast<int64_t>(offset));
+  }
 
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
     auto t = at::detail::empty_cpu({16}, at::kByte, std::nullopt, std::nullopt, std::nullopt,

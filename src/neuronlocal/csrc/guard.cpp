@@ -192,7 +192,9 @@ void start(int n, const std::vector<int64_t>& budgets, const std::string& hint,
   {
     std::lock_guard<std::mutex> lock(g_gen_mu);
     // Same default seed as the CPU generator, so unseeded streams match CPU too.
-    while (g_gens.size() < static_cast<size_t>(n)) g_gens.push_back(make_generator(static_cast<c10::DeviceIndex>(g_gens.size())));
+    while (g_gens.size() < static_cast<size_t>(n)) {
+      g_gens.push_back(make_generator(static_cast<c10::DeviceIndex>(g_gens.size())));
+    }
   }
   g_count = static_cast<c10::DeviceIndex>(n);
   g_started.store(true, std::memory_order_release);

@@ -37,6 +37,7 @@ BAD: dict[str, list[str]] = {
     "instance": ["trn9.huge", "p5.48xlarge"],
     "choice": ["3", "0", "two"],
     "cores": ["99", "0-99", "3-1", "a", "0,0", "0-3,"],
+    "count": ["many", "-1", "1.5", "5"],  # 5: more than the default instance's 4 cores
     # values outside every C type's range: int64, uint64, double (1e400 is inf)
     "size": ["0", "lots", "-5MiB", "2XB", "nan", "9223372036854775808", "1e19", "1e400",
              "18446744073709551616", "-9223372036854775809", "inf", "99999999999GiB"],
@@ -49,6 +50,7 @@ GOOD: dict[str, list[str]] = {
     "instance": ["trn2.48xlarge", "trn3.3xlarge"],
     "choice": [],  # from each variable's own choices (_good_cases)
     "cores": ["0-3", "2", "0,2"],
+    "count": ["1", "4", "0"],
     "size": ["2GiB", "512MiB", "1000000", "10MiB"],
     "flag": ["1", "0", "TRUE", "off", "Yes", ""],
     "seconds": ["0", "600", "2.5"],

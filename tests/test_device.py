@@ -55,8 +55,10 @@ def test_properties_and_names():
     assert torch.bfloat16 in torch.neuron.get_amp_supported_dtype()
 
 
-def test_streams_and_events():
+def test_streams_and_events(monkeypatch):
+    monkeypatch.setenv("NEURON_RT_ENABLE_HOST_CC", "1")  # a stream of its own
     s = torch.neuron.Stream()
+    assert s != torch.neuron.default_stream()
     assert isinstance(s, torch.Stream)
     with torch.neuron.stream(s):
         assert torch.neuron.current_stream().stream_id == s.stream_id
@@ -73,10 +75,12 @@ def test_streams_and_events():
     torch.neuron.synchronize()
 
 
-def test_stream_context_restores_both_devices():
+def test_stream_context_restores_both_devices(monkeypatch):
     """torch.neuron.stream() returns a StreamContext; leaving it restores the current stream
     of the current device and of the stream's device."""
+    monkeypatch.setenv("NEURON_RT_ENABLE_HOST_CC", "1")  # a stream of its own
     s1 = torch.neuron.Stream(device=1)
+    assert s1 != torch.neuron.default_stream(1)
     ctx = torch.neuron.stream(s1)
     assert isinstance(ctx, torch.neuron.StreamContext) and ctx.stream is s1
     before0, before1 = torch.neuron.current_stream(0), torch.neuron.current_stream(1)
@@ -281,3 +285,165 @@ def test_amp_aliases_as_torch_cuda_amp():
     with amp.autocast():
         y = Double.apply(torch.ones(2, device="neuron", dtype=torch.bfloat16))
     assert y.dtype == torch.float32
+
+
+# ---- the runtime starts at the first device use ------------------------------------------------
+
+_LATE_CORES = """
+import os, torch
+print(torch.neuron.is_initialized())
+torch.manual_seed(3)  # queued until the runtime starts: it does not fix the core count
+os.environ.update({VARS})
+x = torch.ones(2, device="neuron")
+os.environ["NEURON_RT_VISIBLE_CORES"] = "0"  # after the start: fixed, as a runtime is
+print(torch.neuron.is_initialized(), torch.neuron.device_count(),
+      torch.accelerator.device_count(),
+      [torch.neuron.get_device_properties(i).physical_core_id
+       for i in range(torch.neuron.device_count())], torch.neuron.initial_seed())
+"""
+
+
+@pytest.mark.parametrize(("variables", "count", "cores"), [
+    ({"NEURON_RT_VISIBLE_CORES": "1-2"}, 2, [1, 2]),
+    ({"NEURON_RT_NUM_CORES": "1"}, 1, [0]),
+    ({"NEURON_RT_VISIBLE_CORES": "1,3", "NEURON_RT_NUM_CORES": "1"}, 1, [1]),
+])
+def test_core_variables_set_after_import_are_read_at_first_use(fresh_python, variables, count,
+                                                               cores):
+    r = fresh_python(_LATE_CORES.replace("{VARS}", repr(variables)))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "False"
+    assert lines[1] == f"True {count} {count} {cores} 3"
+
+
+def test_one_visible_core_after_import_makes_other_indices_errors(fresh_python):
+    r = fresh_python("""
+        import os, torch
+        os.environ["NEURON_RT_NUM_CORES"] = "1"
+        torch.empty(1, device="neuron")
+        for use in (lambda: torch.neuron.device(1).__enter__(),
+                    lambda: torch.ones(1).to("neuron:1")):
+            try:
+                use()
+            except Exception as e:
+                print(type(e).__name__, str(e).split(" (")[0])
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "ValueError Invalid device id: 1. Valid range is 0 to 0",
+        "RuntimeError Device index 1 is out of range. Valid range is 0 to 0 for this process"]
+
+
+def test_bad_core_variable_set_after_import_fails_on_use_not_import(fresh_python):
+    r = fresh_python("""
+        import os, warnings, torch
+        os.environ["NEURON_RT_NUM_CORES"] = "many"
+        warnings.simplefilter("ignore")
+        print(torch.neuron.is_available())
+        try:
+            torch.ones(1, device="neuron")
+        except RuntimeError as e:
+            print(str(e))
+        """)
+    assert r.returncode == 0, r.stderr
+    available, error = r.stdout.splitlines()
+    assert available == "False"
+    assert error.startswith("neuron device unavailable: NEURON_RT_NUM_CORES='many' is not a "
+                            "number of cores")
+
+
+# ---- random numbers: TorchNeuron's generator state ---------------------------------------------
+
+
+def _state(device: int = 0) -> tuple[int, int]:
+    s = torch.neuron.get_rng_state(device)
+    assert s.dtype == torch.uint8 and s.shape == (16,)
+    return int(s[:8].view(torch.int64)), int(s[8:].view(torch.int64))
+
+
+def test_rng_state_is_seed_and_offset():
+    """16 bytes as TorchNeuron's: the seed, then the offset, which counts the 32-bit words
+    drawn since seeding (one per float32 uniform)."""
+    torch.neuron.manual_seed(11)
+    assert _state() == (11, 0)
+    torch.rand(5, device="neuron")
+    assert _state() == (11, 5)
+    torch.rand(2000, device="neuron")  # past the engine's 624-word block: three refills
+    assert _state() == (11, 2005)
+    gen = torch_neuronx_default_generator(0)
+    assert gen.device == torch.device("neuron:0")
+    assert gen.initial_seed() == 11 and gen.get_offset() == 2005
+
+
+def torch_neuronx_default_generator(index: int) -> torch.Generator:
+    import torch_neuronx
+
+    return torch_neuronx._C._get_default_generator(index)
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_rng_state_restores_the_stream(fresh):
+    """A state read here is restored exactly; one from elsewhere (a fresh generator has not
+    seen it) is rebuilt from seed and offset, and draws the same numbers."""
+    torch.manual_seed(5)
+    torch.rand(1500, device="neuron")
+    torch.randn(64, device="neuron")
+    torch.nn.functional.dropout(torch.ones(700, device="neuron"), 0.3)
+    state = torch.neuron.get_rng_state()
+    want = [torch.rand(1000, device="neuron").cpu(), torch.randint(0, 9, (64,), device="neuron")]
+    gen = torch.Generator(device="neuron") if fresh else torch_neuronx_default_generator(0)
+    gen.set_state(state.clone())
+    got = [torch.rand(1000, device="neuron", generator=gen).cpu(),
+           torch.randint(0, 9, (64,), device="neuron", generator=gen)]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1].cpu(), want[1].cpu())
+    assert gen.get_state()[8:].tolist() == torch.neuron.get_rng_state()[8:].tolist()
+
+
+def test_rng_state_accepts_a_seed_alone_and_refuses_other_sizes():
+    seed = torch.tensor([7], dtype=torch.int64).view(torch.uint8)
+    torch.neuron.set_rng_state(seed)
+    assert _state() == (7, 0)
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    assert torch.equal(torch.rand(3, device="neuron").cpu(), want)
+    with pytest.raises(RuntimeError, match="RNG state is wrong size"):
+        torch.neuron.set_rng_state(torch.get_rng_state())  # CPU's 5056-byte state
+
+
+def test_new_generator_reports_its_neuron_device():
+    with torch.neuron.device(2):
+        g = torch.Generator(device="neuron")
+    assert g.device == torch.device("neuron:2")
+    assert len(g.get_state()) == 16
+
+
+# ---- streams -----------------------------------------------------------------------------------
+
+
+def test_new_streams_are_the_default_stream_unless_host_cc(monkeypatch):
+    """TorchNeuron's single-stream mode: without NEURON_RT_ENABLE_HOST_CC=1 (read at each
+    call) a new stream is the device's default stream."""
+    monkeypatch.delenv("NEURON_RT_ENABLE_HOST_CC", raising=False)
+    assert torch.neuron.Stream() == torch.neuron.default_stream()
+    assert torch.neuron.Stream(device=1) == torch.neuron.default_stream(1)
+    monkeypatch.setenv("NEURON_RT_ENABLE_HOST_CC", "1")
+    a, b = torch.neuron.Stream(), torch.neuron.Stream()
+    assert a != b and a != torch.neuron.default_stream()
+
+
+def test_eager_checkpoint_replays_the_dropout_mask():
+    """torch.utils.checkpoint saves and restores the core's generator state (it does so once
+    `torch.neuron._initialized` says the runtime runs): recomputed masks are the forward's."""
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(16, 16).to("neuron")
+    x = torch.randn(8, 16, device="neuron", requires_grad=True)
+    grads = []
+    for use in (False, True):
+        torch.manual_seed(1)
+        fn = lambda y: torch.nn.functional.dropout(lin(y), 0.5).relu()  # noqa: E731
+        (checkpoint(fn, x, use_reentrant=False) if use else fn(x)).sum().backward()
+        grads.append(x.grad.cpu())
+        x.grad = None
+    assert torch.equal(grads[0], grads[1])

@@ -207,13 +207,35 @@ def test_empty_cache_releases_cached_blocks():
     check_invariants(dev)
 
 
+def test_memory_stats_has_torchneurons_nested_keys():
+    """TorchNeuron's memory_stats: each byte stat a dict of current, peak, allocated and freed,
+    the same numbers as CUDA's flat keys; reset_peak_memory_stats brings peaks to current."""
+    dev = 2
+    keep = torch.empty(2 * MiB, dtype=torch.uint8, device=f"neuron:{dev}")
+    drop = torch.empty(3 * MiB, dtype=torch.uint8, device=f"neuron:{dev}")
+    del drop
+    s = torch.neuron.memory_stats(dev)
+    for key in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+        assert s[key] == {f: s[f"{key}.all.{f}"] for f in ("current", "peak", "allocated",
+                                                            "freed")}
+    assert s["allocated_bytes"]["peak"] > s["allocated_bytes"]["current"] >= 2 * MiB
+    for key in ("num_alloc_retries", "num_ooms", "num_tensor_frees", "allocation_requests"):
+        assert isinstance(s[key], int)
+    torch.neuron.reset_peak_memory_stats(dev)
+    s = torch.neuron.memory_stats(dev)
+    assert all(s[k]["peak"] == s[k]["current"]
+               for k in ("allocated_bytes", "reserved_bytes", "active_bytes"))
+    assert "Neuron Memory Summary, Device 2" in torch.neuron.memory_summary(dev)
+    del keep
+
+
 def test_memory_summary():
     dev = 1
     keep = torch.empty(3 * MiB, dtype=torch.uint8, device=f"neuron:{dev}")
     text = torch.neuron.memory_summary(dev)
     s = stats(dev)
     lines = text.splitlines()
-    assert lines[0] == f"neuron:{dev} memory summary (HBM per core 24.00 GiB)"
+    assert lines[0] == f"Neuron Memory Summary, Device {dev} (neuron:{dev}, HBM per core 24.00 GiB)"
     rows = {line.split()[0]: line for line in lines[2:] if not line.startswith(" ")}
     for key in ("allocated_bytes", "reserved_bytes", "active_bytes"):
         expected = [fmt_bytes(s[f"{key}.all.{f}"])

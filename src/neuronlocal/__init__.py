@@ -3,11 +3,14 @@
 `import torch` is enough: the `torch.backends` entry point calls `_autoload`, which
 imports this package. Importing it registers everything, once, in this order:
 
-1. read the configuration and the emulated instance profile (config, hardware); a bad
-   environment variable never makes this fail: it is kept in `config_error`, the device
-   is registered with no visible core, and its first use raises that one-line error;
+1. read the configuration (config); the instance profile (hardware: which cores this
+   process sees) is read when the device runtime starts, at the first device use
+   (`core.state.start`, called by the C++ core), so the core variables may be set after
+   `import torch`. A bad environment variable never makes either fail: it is kept in
+   `config_error`, the device has no visible core, and its use raises that one-line error;
 2. rename PrivateUse1 to `neuron`;
-3. start the C++ core: device guard, hooks, HBM allocator, eager kernels (neuronlocal._C);
+3. the C++ core: device guard, hooks, HBM allocator, eager kernels (neuronlocal._C), with
+   the runtime's starter;
 4. eager policy: CPU-fallback op list, 64-bit policy, direct kernels (eager);
 5. register `torch.neuron` (device) and generate `.neuron()` methods; higher-order
    operators fall through neuron's autocast key, as through CPU's and CUDA's (amp);
@@ -29,17 +32,13 @@ from neuronlocal.core import VERSION
 from neuronlocal.core import logs as _logs
 from neuronlocal.core import state as _state
 
-profile = _state.profile
-config_error = _state.config_error
 _logs.configure(_state.config.log_level)  # TORCH_NEURONX_LOG_LEVEL
 
 torch.utils.rename_privateuse1_backend("neuron")
 
 import neuronlocal._C as _C  # noqa: E402  (needs the rename above)
 
-_C._init(profile.device_count, [profile.hbm_per_core] * profile.device_count, profile.describe())
-if config_error is not None:
-    _C._set_unavailable(f"neuron device unavailable: {config_error}")
+_C._init(_state.start)
 
 from neuronlocal import device, eager  # noqa: E402
 from neuronlocal.eager.tracking import (  # noqa: E402
@@ -57,9 +56,6 @@ device.amp.hops_fall_through_autocast()
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
 )
-if config_error is None:
-    device.init()
-
 from neuronlocal import distributed, hf  # noqa: E402
 from neuronlocal.compile import flex as _flex  # noqa: E402
 from neuronlocal.compile import inductor as _inductor  # noqa: E402
@@ -73,9 +69,11 @@ __version__ = VERSION
 
 
 def __getattr__(name: str) -> Any:
-    """`neuronlocal.config`: the current config (it changes with `eager.set_policy`)."""
-    if name == "config":
-        return _state.config
+    """`neuronlocal.config`: the current config (it changes with `eager.set_policy`);
+    `.profile` and `.config_error`: what the runtime found when it started (reading them
+    starts it)."""
+    if name in ("config", "profile", "config_error"):
+        return getattr(_state, name)
     raise AttributeError(f"module 'neuronlocal' has no attribute {name!r}")
 
 

@@ -3,8 +3,10 @@
 
 Registered as `torch.neuron` by `neuronlocal/__init__.py`. Device selection, streams and
 events go through the C++ device guard, so `torch.accelerator`, `torch.Stream` and
-autograd see the same current device. Random numbers come from one host (CPU) generator
-per logical core, as on Trainium, so a seed gives the same numbers as on CPU.
+autograd see the same current device. The runtime starts at the first device use (the
+core count is read then, core/state.py); seeding before it is queued until it starts.
+Each logical core has its own generator, with TorchNeuron's 16-byte (seed, offset) state,
+drawing CPU's stream for its seed (csrc/generator.cpp): a seed gives the numbers CPU gives.
 
 With a bad environment variable the device is unavailable, as CUDA is with a broken driver:
 `is_available()` returns False (and warns once with the reason), seeding is a no-op (so
@@ -25,6 +27,7 @@ import torch
 from neuronlocal import _C
 from neuronlocal import amp as amp  # torch.neuron.amp, as torch.cuda.amp
 from neuronlocal.core import state as _state
+from neuronlocal.core.config import env_flag
 from neuronlocal.memory import *  # noqa: F403  (the memory API is part of torch.neuron)
 from neuronlocal.memory import Device, device_index
 from neuronlocal.memory import __all__ as _memory_all
@@ -38,7 +41,6 @@ __all__ = [
     "set_stream", "stream", "synchronize", *_memory_all,
 ]
 
-_initialized = False
 _warned_unavailable = False
 
 
@@ -104,14 +106,14 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return _initialized
+    """Whether the device runtime has started (at the first device use, or `init()`)."""
+    return _state.started()
 
 
 def init() -> None:
-    """Initialises the device runtime (idempotent)."""
-    global _initialized
+    """Starts the device runtime now (idempotent); raises its configuration error."""
+    _state.start()
     check_available()
-    _initialized = True
 
 
 def device_count() -> int:
@@ -125,13 +127,14 @@ def current_device() -> int:
 
 
 def set_device(device: Device) -> None:
-    """Selects the current core. An index that does not exist is a ValueError, as
-    TorchNeuron's `set_device` raises (using such a device elsewhere is a RuntimeError)."""
+    """Selects the current core; None and `neuron` (no index) keep the current one. An index
+    that does not exist is a ValueError, as TorchNeuron's `set_device` raises (using such a
+    device elsewhere is a RuntimeError)."""
     if isinstance(device, str):
         device = torch.device(device)
     index = device.index if isinstance(device, torch.device) else device
     if index is None:
-        return
+        index = current_device()
     n = device_count()
     if not 0 <= index < n:
         raise ValueError(f"Invalid device id: {index}. Valid range is 0 to {n - 1}")
@@ -221,9 +224,13 @@ class Stream(torch.Stream):
     """A neuron stream. Work runs in order on the host, so streams only order bookkeeping."""
 
     def __new__(cls, device: Device = None, priority: int = 0, **kwargs: Any) -> Stream:
+        """A new stream of the device; in TorchNeuron's default single-stream mode (without
+        NEURON_RT_ENABLE_HOST_CC=1, read at each call) that is the device's default stream."""
         if "stream_id" in kwargs:
             return super().__new__(cls, **kwargs)
         with globals()["device"](device):
+            if not env_flag("NEURON_RT_ENABLE_HOST_CC"):
+                return default_stream()
             return super().__new__(cls, device=f"neuron:{current_device()}", priority=priority)
 
     def wait_event(self, event: torch.Event) -> None:
@@ -315,44 +322,54 @@ def default_generators_tuple() -> tuple[torch.Generator, ...]:
     return tuple(_C._default_generator(i) for i in range(device_count()))
 
 
-# Seeding an unavailable device does nothing (CUDA queues it until a device exists), so
-# torch.manual_seed, which seeds every registered device, keeps working on CPU.
+# Seeding before the runtime starts is queued until it starts (as CUDA queues it), so
+# torch.manual_seed, which seeds every registered device, neither fixes the core count nor
+# fails; seeding an unavailable device does nothing, so it keeps working on CPU.
+
+
+def _seeding(fn: Any) -> None:
+    def run() -> None:
+        if _state.config_error is None:
+            fn()
+
+    _state.when_started(run)
 
 
 def manual_seed(seed: int) -> None:
     """Seeds the current core's generator."""
-    if _state.config_error is None:
-        _generator().manual_seed(int(seed))
+    _seeding(lambda: _generator().manual_seed(int(seed)))
 
 
 def manual_seed_all(seed: int) -> None:
     """Seeds every core's generator (called by torch.manual_seed)."""
-    if _state.config_error is None:
+
+    def run() -> None:
         for g in default_generators_tuple():
             g.manual_seed(int(seed))
 
+    _seeding(run)
+
 
 def seed() -> None:
-    if _state.config_error is None:
-        _generator().seed()
+    _seeding(lambda: _generator().seed())
 
 
 def seed_all() -> None:
-    if _state.config_error is not None:
-        return
-    s = _generator().seed()
-    manual_seed_all(s)
+    _seeding(lambda: manual_seed_all(_generator().seed()))
 
 
 def initial_seed() -> int:
     return _generator().initial_seed()
 
 
-def get_rng_state(device: Device = "neuron") -> torch.Tensor:
+def get_rng_state(device: Device = None) -> torch.Tensor:
+    """The core's state as TorchNeuron's: 16 uint8, the seed (uint64) then the offset (int64,
+    the 32-bit words drawn since seeding)."""
     return _generator(device).get_state()
 
 
-def set_rng_state(new_state: torch.Tensor, device: Device = "neuron") -> None:
+def set_rng_state(new_state: torch.Tensor, device: Device = None) -> None:
+    """Restores a state from `get_rng_state` (16 bytes), or a seed alone (8 bytes)."""
     _generator(device).set_state(new_state.cpu())
 
 
@@ -368,6 +385,8 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 def __getattr__(name: str) -> Any:
     if name == "default_generators":
         return default_generators_tuple()
+    if name == "_initialized":  # what torch.utils.checkpoint reads before saving RNG states
+        return _state.started()
     if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):
         from neuronlocal.core import (
             dynamo_metrics as metrics,  # imported lazily: keeps `import torch` fast

@@ -1,8 +1,12 @@
 """torch.neuron memory API: HBM accounting per logical core, mirroring torch.cuda.
 
 The counters live in the C++ allocator (csrc/memory.cpp), which emulates TorchNeuron's
-caching segment allocator, so `reserved >= allocated >= active` always holds and
-`memory_stats()` has the same keys as CUDA's (plus `hbm_bytes`, the core's budget).
+caching segment allocator, so `reserved >= allocated >= active` always holds.
+`memory_stats()` has TorchNeuron's keys (`allocated_bytes`, `reserved_bytes`,
+`active_bytes`, ... each a dict of current, peak, allocated and freed; the counters
+`num_ooms`, `num_alloc_retries`, `num_tensor_frees`, `allocation_requests`), and CUDA's
+flat keys (`allocated_bytes.all.current`, ...) that code written for torch.cuda reads, plus
+`hbm_bytes`, the core's budget.
 """
 
 from __future__ import annotations
@@ -43,8 +47,14 @@ def device_index(device: Device = None, optional: bool = True) -> int:
 
 
 def memory_stats(device: Device = None) -> dict[str, Any]:
-    """Allocator statistics for one core, keyed like torch.cuda.memory_stats()."""
-    return OrderedDict(sorted(_C._memory_stats(device_index(device)).items()))
+    """Allocator statistics for one core: TorchNeuron's nested keys and CUDA's flat ones."""
+    flat = _C._memory_stats(device_index(device))
+    out: dict[str, Any] = OrderedDict(sorted(flat.items()))
+    for key, value in flat.items():
+        name, pool, field = (key.split(".") + ["", ""])[:3]
+        if pool == "all":
+            out.setdefault(name, {})[field] = value
+    return out
 
 
 def memory_allocated(device: Device = None) -> int:
@@ -96,7 +106,8 @@ def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
     index = device_index(device)
     s = memory_stats(index)
     lines = [
-        f"neuron:{index} memory summary (HBM per core {fmt_bytes(s['hbm_bytes'])})",
+        f"Neuron Memory Summary, Device {index} (neuron:{index}, HBM per core "
+        f"{fmt_bytes(s['hbm_bytes'])})",
         f"{'metric':<22}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}",
     ]
     metrics = ["allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"]

@@ -1,4 +1,5 @@
-"""One configuration object, read from the environment once at import.
+"""One configuration object, read from the environment at import (the core variables
+again when the device runtime starts, core/state.py).
 
 Every environment variable neuronlocal reads is listed in `ENV_VARS` and read through the
 accessors here (`env_str`, `env_flag`, `env_seconds`), which refuse a name not in the table;
@@ -26,9 +27,9 @@ class EnvVar:
     name: str
     default: str
     meaning: str
-    # How the value is checked: flag, size, level, seconds, choice (of `choices`), instance
-    # and cores (checked against the instance profile in hardware.py), ccflags (compiler
-    # flags, whose optimisation level is checked), or text (any value).
+    # How the value is checked: flag, size, level, seconds, count (a whole number), choice
+    # (of `choices`), instance and cores (checked against the instance profile in
+    # hardware.py), ccflags (compiler flags, whose optimisation level is checked), or text.
     kind: str = "text"
     choices: tuple[str, ...] = ()
 
@@ -44,8 +45,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Logical NeuronCore config (LNC): 2 pairs physical cores, 1 exposes each.",
            "choice", ("1", "2")),
     EnvVar("NEURON_RT_VISIBLE_CORES", "all",
-           "Logical cores this process sees, e.g. `0-3`, `2`, `0,2`; device i is the i-th.",
+           "Logical cores this process sees, e.g. `0-3`, `2`, `0,2`; device i is the i-th. "
+           "Read at the first device use, as the core variables above and below are.",
            "cores"),
+    EnvVar("NEURON_RT_NUM_CORES", "0 (all)",
+           "How many logical cores this process takes: the first N of those visible.",
+           "count"),
+    EnvVar("NEURON_RT_ENABLE_HOST_CC", "0",
+           "1 gives each new `torch.neuron.Stream()` its own stream; by default it is the "
+           "device's default stream (TorchNeuron's single-stream mode).", "flag"),
     EnvVar("NEURONLOCAL_HBM_PER_CORE", "instance value",
            "Override HBM per logical core, e.g. `2GiB`, `512MiB` (to test OOM handling).",
            "size"),
@@ -269,6 +277,9 @@ def _check(var: EnvVar, raw: str) -> None:
         parse_level(var.name, raw)
     elif var.kind == "ccflags":
         parse_optlevel(var.name, raw)
+    elif var.kind == "count" and not _INTEGER.fullmatch(raw.strip()):
+        raise ConfigError(f"{var.name}={raw!r} is not a number of cores; use a whole number "
+                          "such as 1 or 4 (0 means all).")
     elif var.kind == "choice" and raw.strip() not in var.choices:
         raise ConfigError(f"{var.name}={raw!r} is not supported; use {' or '.join(var.choices)}.")
 
@@ -278,6 +289,7 @@ class Config:
     instance: str = "trn2.3xlarge"
     lnc: int | None = None
     visible_cores: str | None = None
+    num_cores: int | None = None
     hbm_per_core: int | None = None
     downcast_64bit: bool = True
     strict: bool = False
@@ -304,10 +316,12 @@ class Config:
             good[var.name] = raw.strip()
         hbm = good.get("NEURONLOCAL_HBM_PER_CORE")
         lnc = good.get("NEURON_LOGICAL_NC_CONFIG")
+        num = good.get("NEURON_RT_NUM_CORES")
         cfg = cls(
             instance=good.get("NEURONLOCAL_INSTANCE", "trn2.3xlarge"),
             lnc=int(lnc) if lnc else None,
             visible_cores=good.get("NEURON_RT_VISIBLE_CORES"),
+            num_cores=(int(num) or None) if num else None,
             hbm_per_core=parse_bytes("NEURONLOCAL_HBM_PER_CORE", hbm) if hbm else None,
             downcast_64bit=parse_flag("NEURONLOCAL_DOWNCAST_64BIT",
                                       good.get("NEURONLOCAL_DOWNCAST_64BIT"), True),

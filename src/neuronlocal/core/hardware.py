@@ -22,6 +22,8 @@ from neuronlocal.core.units import fmt_bytes
 
 GiB = 2**30
 MAX_VISIBLE_CORES = 128
+# The Config fields that say which cores a process sees: read when the runtime starts.
+TOPOLOGY = ("instance", "lnc", "visible_cores", "num_cores", "hbm_per_core")
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,12 @@ def profile(cfg: Config) -> Profile:
     lnc = cfg.lnc or chip.default_lnc
     total = chip.physical_cores // lnc * chips
     visible = parse_visible(cfg.visible_cores, total) if cfg.visible_cores else tuple(range(total))
+    if cfg.num_cores:
+        if cfg.num_cores > len(visible):
+            raise ConfigError(f"NEURON_RT_NUM_CORES={str(cfg.num_cores)!r} asks for more "
+                              f"logical cores than the {len(visible)} visible; use 1 to "
+                              f"{len(visible)}, or 0 for all.")
+        visible = visible[:cfg.num_cores]
     if len(visible) > MAX_VISIBLE_CORES:
         raise ConfigError(f"{len(visible)} logical cores are visible, but the Neuron runtime "
                           f"allows at most {MAX_VISIBLE_CORES} per process; set "
@@ -154,6 +162,7 @@ def load(env: Mapping[str, str] | None = None) -> tuple[Config, Profile, ConfigE
     if not problems:
         return cfg, prof, None
     known = cfg.instance if cfg.instance in INSTANCES else Config.instance
-    fallback = profile(dataclasses.replace(cfg, instance=known, visible_cores=None))
+    fallback = profile(dataclasses.replace(cfg, instance=known, visible_cores=None,
+                                           num_cores=None))
     error = ConfigError(" ".join(problems), problems)
     return cfg, dataclasses.replace(fallback, visible=()), error

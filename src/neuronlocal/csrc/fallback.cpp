@@ -393,10 +393,16 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
     }
   }
-  if (info.generator_arg >= 0 && (*stack)[base + info.generator_arg].isNone()) {
-    (*stack)[base + info.generator_arg] = c10::IValue(default_generator(call.index));
+  std::optional<Draw> draw;  // the core's stream (or a neuron generator passed in), on CPU
+  if (info.generator_arg >= 0) {
+    auto& g = (*stack)[base + info.generator_arg];
+    if (g.isNone() || g.toGenerator().device().type() == kNeuron) {
+      draw.emplace(g.isNone() ? default_generator(call.index) : g.toGenerator());
+      g = c10::IValue(draw->generator());
+    }
   }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  draw.reset();
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
   for (size_t j = 0; j < nret; ++j) {

@@ -3,6 +3,11 @@
 // Python's stock guard (torch._C._acc) always reports device 0 and a count of 1, so a
 // tensor on neuron:1 and a backward pass on it cannot work through it. This one keeps a
 // thread-local current device, a per-device current stream, and host-timed events.
+//
+// The runtime starts at the first device use, as TorchNeuron's does: the device count,
+// budgets and generators are set then, from the environment as it is at that moment, so a
+// program may set NEURON_RT_VISIBLE_CORES after `import torch`. After the start they are
+// fixed for the life of the process.
 #include "neuron.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,7 +24,9 @@
 namespace neuron {
 namespace {
 
-std::atomic<c10::DeviceIndex> g_count{1};
+std::atomic<c10::DeviceIndex> g_count{0};
+std::atomic<bool> g_started{false};
+std::function<bool()>* g_starter = nullptr;  // leaked: may run until the process is gone
 thread_local c10::DeviceIndex t_device = 0;
 // Stream ids per device for this thread; 0 is the default stream.
 thread_local std::vector<c10::StreamId> t_stream;
@@ -75,7 +82,7 @@ struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
     stream_slot(s.device_index()) = s.id();
     return old;
   }
-  c10::DeviceIndex deviceCount() const noexcept override { return g_count.load(); }
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
   // Execution is synchronous on the host (queued foreach runs are run first), so an event
   // completes when it is recorded and synchronizing has nothing to wait for.
@@ -107,9 +114,9 @@ struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
 
 struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return g_count.load() > 0; }
+  bool isAvailable() const override { return device_count() > 0; }
   bool hasPrimaryContext(c10::DeviceIndex /*index*/) const override { return true; }
-  c10::DeviceIndex deviceCount() const override { return g_count.load(); }
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
   void setCurrentDevice(c10::DeviceIndex index) const override { set_current_device(index); }
   c10::DeviceIndex getCurrentDevice() const override { return t_device; }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
@@ -123,9 +130,8 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
     return default_generator(index < 0 ? t_device : index);
   }
-  // Random numbers are drawn on the host, as on Trainium: generators are CPU generators.
-  at::Generator getNewGenerator(c10::DeviceIndex /*index*/) const override {
-    return at::detail::createCPUGenerator();
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return make_generator(index < 0 ? t_device : index);
   }
   at::Device getDeviceFromPtr(void* /*data*/) const override { return {kNeuron, t_device}; }
   bool isPinnedPtr(const void* /*data*/) const override { return true; }
@@ -157,15 +163,46 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
 
 }  // namespace
 
-c10::DeviceIndex device_count() { return g_count.load(); }
+void set_starter(std::function<bool()> starter) {
+  g_starter = new std::function<bool()>(std::move(starter));
+}
 
-void set_device_count(c10::DeviceIndex n) {
-  g_count = n;
-  std::lock_guard<std::mutex> lock(g_gen_mu);
-  while (g_gens.size() < static_cast<size_t>(n)) {
-    // Same default seed as the CPU generator, so unseeded streams match CPU too.
-    g_gens.push_back(at::detail::createCPUGenerator(c10::default_rng_seed_val));
+bool started() { return g_started.load(std::memory_order_acquire); }
+
+// Never throws: the guard's deviceCount() is noexcept. The starter serialises concurrent
+// starts itself; a call made while this thread is starting returns without starting.
+void ensure_started() noexcept {
+  if (started() || g_starter == nullptr) return;
+  bool ok = false;
+  try {
+    ok = (*g_starter)();
+  } catch (...) {
   }
+  if (!ok && !started()) {
+    start(0, {}, "", "neuron device unavailable: the device runtime failed to start (see the "
+                     "error printed above)");
+  }
+}
+
+void start(int n, const std::vector<int64_t>& budgets, const std::string& hint,
+           const std::string& unavailable_reason) {
+  set_unavailable(unavailable_reason);
+  set_budgets(budgets);
+  set_oom_hint(hint);
+  {
+    std::lock_guard<std::mutex> lock(g_gen_mu);
+    // Same default seed as the CPU generator, so unseeded streams match CPU too.
+    while (g_gens.size() < static_cast<size_t>(n)) {
+      g_gens.push_back(make_generator(static_cast<c10::DeviceIndex>(g_gens.size())));
+    }
+  }
+  g_count = static_cast<c10::DeviceIndex>(n);
+  g_started.store(true, std::memory_order_release);
+}
+
+c10::DeviceIndex device_count() {
+  ensure_started();
+  return g_count.load();
 }
 
 c10::DeviceIndex current_device() { return t_device; }
@@ -176,7 +213,7 @@ void set_current_device(c10::DeviceIndex index) {
 }
 
 void check_index(c10::DeviceIndex index) {
-  check_available();
+  check_available();  // starts the runtime
   auto n = g_count.load();
   TORCH_CHECK(index >= 0 && index < n, "Device index ", static_cast<int>(index),
               " is out of range. Valid range is 0 to ", static_cast<int>(n) - 1,

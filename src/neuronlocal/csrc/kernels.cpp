@@ -141,7 +141,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
     double p1m = 1. - p;
     double scale = p1m == 0 ? 0. : 1. / p1m;
     auto noise = at::empty_like(x, LEGACY_CONTIGUOUS_MEMORY_FORMAT);
-    noise.bernoulli_(p1m, default_generator(idx));
+    Draw draw(default_generator(idx));
+    noise.bernoulli_(p1m, draw.generator());
     out = x.mul(noise).mul_(scale);
     mask = noise.to(at::kBool);
   }

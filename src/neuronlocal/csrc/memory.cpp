@@ -103,8 +103,8 @@ std::string fmt_bytes(int64_t n) {
   return os.str();
 }
 
+// Callers run check_available() first, before taking mu(): starting the runtime takes it.
 Core& core(c10::DeviceIndex index) {
-  check_available();
   auto& cs = cores();
   TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < cs.size(), "Invalid device: neuron:",
               static_cast<int>(index), " has no HBM budget (", cs.size(), " cores configured)");
@@ -128,6 +128,7 @@ void release_cache(Core& c) {
 
 // Counts a request against the core; throws torch.OutOfMemoryError when it cannot fit.
 Block* account(c10::DeviceIndex index, int64_t nbytes) {
+  if (nbytes != 0) check_available();
   auto* b = new Block{index, 0, nbytes, 1, {}, {}};
   if (nbytes == 0) return b;
   int64_t size = round_size(nbytes);
@@ -367,6 +368,7 @@ void set_unavailable(const std::string& reason) {
 }
 
 void check_available() {
+  ensure_started();
   TORCH_CHECK(!g_unavailable.load(std::memory_order_relaxed), unavailable_reason());
 }
 
@@ -387,6 +389,7 @@ c10::Storage adopt_storage(const c10::Storage& cpu, c10::DeviceIndex index) {
 }
 
 std::map<std::string, int64_t> memory_stats(c10::DeviceIndex index) {
+  check_available();
   std::lock_guard<std::mutex> lock(mu());
   Core& c = core(index);
   std::map<std::string, int64_t> out;
@@ -416,6 +419,7 @@ std::map<std::string, int64_t> memory_stats(c10::DeviceIndex index) {
 }
 
 void reset_peak(c10::DeviceIndex index) {
+  check_available();
   std::lock_guard<std::mutex> lock(mu());
   Core& c = core(index);
   for (Stat* s : {c.allocated_bytes, c.reserved_bytes, c.active_bytes, c.requested_bytes,
@@ -424,6 +428,7 @@ void reset_peak(c10::DeviceIndex index) {
 }
 
 void reset_accumulated(c10::DeviceIndex index) {
+  check_available();
   std::lock_guard<std::mutex> lock(mu());
   Core& c = core(index);
   for (Stat* s : {c.allocated_bytes, c.reserved_bytes, c.active_bytes, c.requested_bytes,
@@ -434,6 +439,7 @@ void reset_accumulated(c10::DeviceIndex index) {
 
 void empty_cache(c10::DeviceIndex index) {
   std::unordered_map<int64_t, std::vector<c10::DataPtr>> drop;
+  check_available();
   {
     std::lock_guard<std::mutex> lock(mu());
     release_cache(core(index));
@@ -443,6 +449,7 @@ void empty_cache(c10::DeviceIndex index) {
 }
 
 std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index) {
+  check_available();
   std::lock_guard<std::mutex> lock(mu());
   return core(index).timeline;
 }

@@ -14,11 +14,23 @@ void bind_exit(py::module_& m);  // exit.cpp: drain autograd threads before fina
 
 namespace {
 
-void init(int device_count, const std::vector<int64_t>& budgets, const std::string& hint) {
+// `starter` starts the runtime (core/state.py `start`), at the first device use; it may be
+// called from any thread, so it takes the GIL. An error it raises is printed, and the device
+// stays unavailable.
+void init(py::function starter) {
+  auto* fn = new py::object(std::move(starter));  // leaked: used until the process is gone
+  neuron::set_starter([fn]() {
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
+    py::gil_scoped_acquire gil;
+    try {
+      (*fn)();
+      return true;
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("starting the neuron device runtime");
+      return false;
+    }
+  });
   neuron::register_guard_and_hooks();
-  neuron::set_device_count(static_cast<c10::DeviceIndex>(device_count));
-  neuron::set_budgets(budgets);
-  neuron::set_oom_hint(hint);
   neuron::register_kernels();
   neuron::install_host_allocator();
 }
@@ -28,12 +40,13 @@ void init(int device_count, const std::vector<int64_t>& budgets, const std::stri
 PYBIND11_MODULE(_C, m) {
   m.doc() = "neuronlocal C++ core: device guard, HBM accounting, eager CPU-alias dispatch";
   m.def("_init", &init);
+  m.def("_start", &neuron::start, "start the runtime with this many cores (called by the starter)");
+  m.def("_started", &neuron::started);
   m.def("_device_count", []() { return static_cast<int>(neuron::device_count()); });
   m.def("_current_device", []() {
     neuron::check_available();
     return static_cast<int>(neuron::current_device());
   });
-  m.def("_set_unavailable", &neuron::set_unavailable);
   m.def("_set_device", [](int i) { neuron::set_current_device(static_cast<c10::DeviceIndex>(i)); });
   m.def("_check_index", [](int i) { neuron::check_index(static_cast<c10::DeviceIndex>(i)); });
   m.def("_default_generator", [](int i) { return neuron::default_generator(static_cast<c10::DeviceIndex>(i)); });

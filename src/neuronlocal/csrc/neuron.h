@@ -4,7 +4,9 @@
 // it, and does what the Python backend API cannot express or cannot do fast enough
 // (docs/architecture.md). One concern per file:
 //   module.cpp       the Python bindings (neuronlocal._C)
-//   guard.cpp        device guard (current device, device count, streams, events) and hooks
+//   guard.cpp        device guard (current device, device count, streams, events), hooks,
+//                    and the runtime's start at the first device use
+//   generator.cpp    the per-core random generators, in TorchNeuron's state format
 //   memory.cpp       allocator over host memory with per-core HBM accounting and OOM
 //   alias.cpp        zero-copy CPU aliases of neuron tensors; those compiled code keeps
 //                    until backward follow their storage through resizes
@@ -19,6 +21,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/MT19937RNGEngine.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/Storage.h>
@@ -27,7 +30,9 @@
 #include <ATen/core/stack.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,8 +41,15 @@ namespace neuron {
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
 
 // ---- guard.cpp -------------------------------------------------------------
+// The runtime starts at the first device use, not at import: `starter` (Python's, which
+// reads the core topology from the environment then) calls start() with what it found; it
+// returns false when it failed. device_count() and check_available() start it first.
+void set_starter(std::function<bool()> starter);
+void start(int device_count, const std::vector<int64_t>& budgets, const std::string& hint,
+           const std::string& unavailable_reason);
+bool started();
+void ensure_started() noexcept;
 c10::DeviceIndex device_count();
-void set_device_count(c10::DeviceIndex n);
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
 // Raises the CUDA-style error for an index outside [0, device_count).
@@ -45,13 +57,35 @@ void check_index(c10::DeviceIndex index);
 at::Generator& default_generator(c10::DeviceIndex index);
 void register_guard_and_hooks();
 
+// ---- generator.cpp ---------------------------------------------------------
+// A core's generator: TorchNeuron's 16-byte (seed, offset) state over CPU's stream.
+at::Generator make_generator(c10::DeviceIndex index);
+// While alive, holds a neuron generator's lock; generator() is the CPU generator to hand a
+// CPU kernel, and what it draws is added to the neuron generator's offset at the end. Any
+// other generator passes through unchanged.
+class Draw {
+ public:
+  explicit Draw(const at::Generator& gen);
+  ~Draw();
+  Draw(const Draw&) = delete;
+  Draw& operator=(const Draw&) = delete;
+  const at::Generator& generator() const { return gen_; }
+
+ private:
+  at::Generator gen_;
+  c10::GeneratorImpl* impl_;
+  std::unique_lock<std::mutex> lock_;
+  at::mt19937_data_pod before_{};
+};
+
 // ---- memory.cpp ------------------------------------------------------------
 // Per-core accounting of an emulated caching allocator (see memory.cpp).
 void set_budgets(const std::vector<int64_t>& bytes_per_core);
 void set_oom_hint(const std::string& hint);
 // Marks the device unusable (bad configuration): every later use raises `reason`.
 void set_unavailable(const std::string& reason);
-// Raises the configuration error set by set_unavailable, if any.
+// Starts the runtime if it has not started, then raises its configuration error, if any.
+// Call it before taking the allocator's lock (starting sets the budgets under it).
 void check_available();
 c10::Allocator* allocator();
 // Neuron storage that keeps `cpu` alive and counts its bytes against core `index`.

@@ -30,8 +30,8 @@ def bind_rank() -> None:
     """Binds this rank to `neuron:LOCAL_RANK` and checks the node has enough logical cores.
 
     TorchNeuron sets NEURON_RT_VISIBLE_CORES=LOCAL_RANK before its runtime starts, so each
-    rank sees one core as `neuron:0`. Here the device table is built when `import torch`
-    runs, before init_process_group, so instead the rank keeps every core visible and makes
+    rank sees one core as `neuron:0`. Here the runtime has started by now (the check below
+    starts it, if no device use did), so instead the rank keeps every core visible and makes
     `neuron:LOCAL_RANK` its current device (what `"neuron"` means from then on, as with
     CUDA). A rank started with one visible core uses `neuron:0`. NEURON_RT_VISIBLE_CORES is
     set to the rank's core for processes it starts, as TorchNeuron does.

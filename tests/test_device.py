@@ -150,6 +150,32 @@ def test_torch_neuronx_device_api_delegates_to_torch_neuron():
     assert torch_neuronx._C._get_default_generator(0) is torch.neuron._generator(0)
 
 
+def test_torch_neuronx_raw_transfer_bindings():
+    """TorchNeuron's raw transfer helpers copy bytes as they are (no cast), contiguous only,
+    same byte count, device to device within one core."""
+    import torch_neuronx
+
+    C = torch_neuronx._C
+    src = torch.arange(6, dtype=torch.float32)
+    dev = torch.empty(6, device="neuron")
+    C._nrt_copy_cpu_to_neuron_tensor(src, dev)
+    assert torch.equal(dev.cpu(), src)
+    raw = torch.empty(6, dtype=torch.int32)
+    C._nrt_copy_neuron_to_cpu_tensor(dev, raw)
+    assert torch.equal(raw, src.view(torch.int32))
+    other = torch.empty(2, 3, device="neuron")
+    C._nrt_copy_neuron_to_neuron_tensor(dev.view(3, 2).t(), other)  # made contiguous first
+    assert torch.equal(other.cpu(), src.view(3, 2).t())
+    with pytest.raises(RuntimeError, match="same number of bytes"):
+        C._nrt_copy_cpu_to_neuron_tensor(torch.ones(5), dev)
+    with pytest.raises(RuntimeError, match="Destination tensor must be contiguous"):
+        C._nrt_copy_neuron_to_cpu_tensor(dev, torch.empty(6, 2)[:, 0])
+    with pytest.raises(RuntimeError, match="Source tensor must be CPU tensor"):
+        C._nrt_copy_cpu_to_neuron_tensor(dev, dev)
+    with pytest.raises(RuntimeError, match="same Neuron core"):
+        C._nrt_copy_neuron_to_neuron_tensor(dev, torch.empty(6, device="neuron:1"))
+
+
 def test_torch_neuronx_sets_release_build_variables(fresh_python):
     """`import torch_neuronx` sets TorchNeuron's build variables to the release values; a
     value the user set wins."""

@@ -179,7 +179,9 @@ def test_copies_between_cpu_and_cores():
     for t in (a, b, c):
         assert torch.equal(t.cpu(), src)
     dst = torch.empty(4, 6, device="neuron:2")
-    dst.copy_(b)
+    with pytest.raises(RuntimeError, match="requires tensors on same Neuron core"):
+        dst.copy_(b)  # TorchNeuron copies between cores only by moving: .to(device)
+    dst.copy_(b.to(dst.device))
     assert torch.equal(dst.cpu(), src) and dst.device.index == 2
     noncontig = src.t()  # 6x4, strided
     d1 = torch.empty(6, 4, device="neuron:1").copy_(noncontig)
@@ -871,3 +873,175 @@ def test_histc_accepts_integers_like_device_kernels():
     assert compiled(ids.to("neuron")).cpu().tolist() == [1, 2, 0, 3]
     floats = torch.rand(50)
     torch.testing.assert_close(torch.histc(floats.to("neuron"), 5).cpu(), torch.histc(floats, 5))
+
+
+def test_histc_out_dtype_mismatch_is_torchneuron_error(monkeypatch):
+    """TorchNeuron's histc kernel names torch dtypes in its error (CPU's words without its
+    MLIR ops); an `out` of the input's dtype gets the device result, integers included."""
+    x = torch.rand(100, device="neuron")
+    with pytest.raises(RuntimeError, match="same dtype, but got input torch.float32 and hist "
+                                           "torch.int32"):
+        torch.histc(x, bins=10, out=torch.zeros(10, device="neuron", dtype=torch.int32))
+    monkeypatch.setenv("TORCH_NEURONX_MLIR_ATEN_OPS", "0")
+    with pytest.raises(RuntimeError, match="same dtype, but got input float and hist int"):
+        torch.histc(x, bins=10, out=torch.zeros(10, device="neuron", dtype=torch.int32))
+    out = torch.empty(0, device="neuron")
+    assert torch.histc(x, bins=10, out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.histc(x.cpu(), bins=10))
+    ids = torch.tensor([0, 1, 1, 3], dtype=torch.int32, device="neuron")
+    counts = torch.zeros(4, dtype=torch.int32, device="neuron")
+    assert torch.histc(ids, bins=4, min=0, max=3, out=counts).cpu().tolist() == [1, 2, 0, 1]
+
+
+# ---- TorchNeuron's op contract: copies, set_, softmax, attention -------------------------------
+
+
+def test_set_takes_only_neuron_memory():
+    t = torch.empty(0, device="neuron")
+    for source, what in ((torch.randn(3), "source tensor"),
+                         (torch.randn(3).untyped_storage(), "storage")):
+        with pytest.raises(RuntimeError, match=f"set_: expected neuron {what}, but got {what} "
+                                               "on device cpu"):
+            t.set_(source)
+    with pytest.raises(RuntimeError, match="expected neuron storage"):
+        t.set_(torch.randn(3).untyped_storage(), 0, (3,))
+    src = torch.arange(6.0, device="neuron")
+    assert torch.equal(t.set_(src).cpu(), torch.arange(6.0)) and t.data_ptr() == src.data_ptr()
+    u = torch.empty(0, device="neuron").set_(src.untyped_storage(), 2, (2, 2))
+    assert u.cpu().tolist() == [[2.0, 3.0], [4.0, 5.0]]
+
+
+def test_to_copy_is_one_device_op_for_every_cast():
+    """`.to(dtype)` on neuron is TorchNeuron's `_to_copy` kernel, recorded as run on the device
+    for 32-bit and 64-bit targets alike (its 64-bit bounce is internal to that kernel)."""
+    x = torch.randn(8, 8, device="neuron")
+    for dtype in (torch.float16, torch.float64, torch.int32):
+        torch_neuronx.clear_op_tracking()
+        y = x.to(dtype)
+        assert torch_neuronx.get_executed_ops()["aten::_to_copy"] == 1, dtype
+        assert torch_neuronx.get_fallback_ops() == {}
+        assert torch_neuronx.get_downcast_ops() == {}
+        assert y.dtype == dtype and y.device == x.device
+        assert torch.equal(y.cpu(), x.cpu().to(dtype))
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten._softmax, torch.ops.aten._log_softmax])
+def test_softmax_half_to_float_as_device_kernels(op):
+    """CPU rejects `half_to_float`; TorchNeuron's (and CUDA's) kernels return float32 for a
+    half input, and its backward gives the half input a half gradient."""
+    x = torch.randn(3, 5, dtype=torch.float16)
+    xn = x.to("neuron").requires_grad_()
+    y = op.default(xn, 1, True)
+    assert y.dtype == torch.float32 and y.device.type == "neuron"
+    ref = x.float().requires_grad_()
+    want = op.default(ref, 1, False)
+    torch.testing.assert_close(y.cpu(), want.detach())
+    g = torch.randn(3, 5)
+    y.backward(g.to("neuron"))
+    want.backward(g)
+    assert xn.grad.dtype == torch.float16
+    torch.testing.assert_close(xn.grad.cpu(), ref.grad.half(), atol=2e-3, rtol=2e-3)
+
+
+def _qkv(*shape: int, grad: bool = False) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(*shape).requires_grad_(grad) for _ in range(3)]
+
+
+def _on_neuron(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().to("neuron").requires_grad_(t.requires_grad) for t in ts]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"mask": True}, {"scale": 0.3}])
+def test_sdpa_overrideable_backend_runs_torchneuron_kernel(kwargs):
+    """`sdpa_kernel([SDPBackend.OVERRIDEABLE])` runs TorchNeuron's fused kernel
+    (`_scaled_dot_product_fused_attention_overrideable`, forward and backward) on 4D inputs;
+    results and gradients match CPU's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _qkv(2, 3, 5, 8, grad=True)
+    extra = dict(kwargs)
+    bias = None
+    if extra.pop("mask", False):
+        bias = torch.randn(2, 3, 5, 5, requires_grad=True)
+        extra["attn_mask"] = bias
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, **extra)
+    want.sum().backward()
+    qn, kn, vn = _on_neuron([q, k, v])
+    if bias is not None:
+        extra["attn_mask"] = bn = bias.detach().to("neuron").requires_grad_()
+    torch_neuronx.clear_op_tracking()
+    with sdpa_kernel([SDPBackend.OVERRIDEABLE]):
+        got = torch.nn.functional.scaled_dot_product_attention(qn, kn, vn, **extra)
+    got.sum().backward()
+    ran = torch_neuronx.get_executed_ops()
+    assert ran["aten::_scaled_dot_product_fused_attention_overrideable"] == 1
+    assert ran["aten::_scaled_dot_product_fused_attention_overrideable_backward"] == 1
+    torch.testing.assert_close(got.cpu(), want.detach())
+    for a, b in zip((qn, kn, vn), (q, k, v), strict=True):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, atol=1e-4, rtol=1e-4)
+    if bias is not None:
+        torch.testing.assert_close(bn.grad.cpu(), bias.grad, atol=1e-4, rtol=1e-4)
+    # by default neuron keeps CPU's choice of kernel (same numerics as CPU)
+    torch_neuronx.clear_op_tracking()
+    torch.nn.functional.scaled_dot_product_attention(qn, kn, vn)
+    assert "aten::_scaled_dot_product_fused_attention_overrideable" not in (
+        torch_neuronx.get_executed_ops())
+
+
+def test_sdpa_overrideable_dropout_is_seeded_and_differentiable():
+    """Dropout on the overrideable kernel draws from the core's generator (same seed, same
+    result) and backward replays the same mask: the gradient matches a finite difference."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _on_neuron(_qkv(1, 2, 6, 4))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run(qq: torch.Tensor) -> torch.Tensor:
+        torch.neuron.manual_seed(7)
+        with sdpa_kernel([SDPBackend.OVERRIDEABLE]):
+            return sdpa(qq, k, v, dropout_p=0.4)
+
+    a, b = run(q), run(q)
+    assert torch.equal(a.cpu(), b.cpu())
+    with sdpa_kernel([SDPBackend.OVERRIDEABLE]):
+        assert not torch.equal(a.cpu(), sdpa(q, k, v).cpu())
+    qg = q.clone().requires_grad_()
+    run(qg).sum().backward()
+    direction = torch.randn(q.shape).to("neuron")
+    h = 1e-2
+    numeric = (run(q + h * direction).sum() - run(q - h * direction).sum()) / (2 * h)
+    torch.testing.assert_close((qg.grad * direction).sum().cpu(), numeric.cpu(), atol=2e-2,
+                               rtol=2e-2)
+
+
+def test_native_multi_head_attention_as_torchneuron():
+    """nn.MultiheadAttention's inference fast path calls `_native_multi_head_attention`:
+    TorchNeuron's kernel returns CPU's output and an empty weights tensor, and rejects mask
+    tensors and attention weights (need_weights=True) with its own errors."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    dev = copy.deepcopy(mha).to("neuron")
+    xn = x.to("neuron")
+    with torch.no_grad():
+        want, _ = mha(x, x, x, need_weights=False)
+        torch_neuronx.clear_op_tracking()
+        got, weights = dev(xn, xn, xn, need_weights=False)
+        assert torch_neuronx.get_executed_ops()["aten::_native_multi_head_attention"] == 1
+        torch.testing.assert_close(got.cpu(), want)
+        assert weights.device.type == "neuron" and weights.shape == (0,)
+        with pytest.raises(NotImplementedError, match=r"need_weights=True\) is not yet supported"):
+            dev(xn, xn, xn)
+        with pytest.raises(NotImplementedError, match="Arbitrary mask tensors not yet supported"):
+            dev(xn, xn, xn, need_weights=False,
+                key_padding_mask=torch.zeros(2, 5, dtype=torch.bool, device="neuron"))
+    args = (8, 2, *(p.detach() for p in (dev.in_proj_weight, dev.in_proj_bias,
+                                         dev.out_proj.weight, dev.out_proj.bias)))
+    causal, _ = torch._native_multi_head_attention(xn, xn, xn, *args, None, False, True, 1)
+    mha.train()  # CPU's general path, with the causal mask spelled out
+    with torch.no_grad():
+        want_causal, _ = mha(x, x, x, attn_mask=torch.ones(5, 5, dtype=torch.bool).triu(1),
+                             need_weights=False)
+    torch.testing.assert_close(causal.cpu(), want_causal)
+    assert not torch.allclose(causal.cpu(), want)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from neuronlocal import _C as _neuronlocal_C
 from neuronlocal import device as _neuron
 from neuronlocal.eager import tracking as _tracking
 
@@ -62,3 +63,50 @@ def _get_fallback_ops() -> dict[str, int]:
 
 def _clear_op_tracking() -> None:
     _tracking.clear_op_tracking()
+
+
+def _raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as a flat uint8 CPU tensor (a neuron tensor's CPU alias)."""
+    host = _neuronlocal_C._cpu_alias(t) if t.device.type == "neuron" else t
+    return host.reshape(-1).view(torch.uint8)
+
+
+def _raw_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    if not src.is_contiguous():
+        src = src.contiguous()
+    if not dst.is_contiguous():
+        raise RuntimeError("Destination tensor must be contiguous")
+    if src.nbytes != dst.nbytes:
+        raise RuntimeError("Source and destination must have same number of bytes")
+    if dst.nbytes:
+        _raw_bytes(dst).copy_(_raw_bytes(src))
+
+
+def _nrt_copy_cpu_to_neuron_tensor(src_cpu: torch.Tensor, dst_neuron: torch.Tensor,
+                                   non_blocking: bool = False) -> None:
+    """TorchNeuron's raw host-to-device transfer: the bytes as they are, no cast."""
+    if not src_cpu.is_cpu:
+        raise RuntimeError("Source tensor must be CPU tensor")
+    if dst_neuron.device.type != "neuron":
+        raise RuntimeError("Destination tensor must be Neuron tensor")
+    _raw_copy(src_cpu, dst_neuron)
+
+
+def _nrt_copy_neuron_to_cpu_tensor(src_neuron: torch.Tensor, dst_cpu: torch.Tensor,
+                                   non_blocking: bool = False) -> None:
+    """TorchNeuron's raw device-to-host transfer: the bytes as they are, no cast."""
+    if src_neuron.device.type != "neuron":
+        raise RuntimeError("Source must be Neuron tensor")
+    if not dst_cpu.is_cpu:
+        raise RuntimeError("Destination tensor must be CPU tensor")
+    _raw_copy(src_neuron, dst_cpu)
+
+
+def _nrt_copy_neuron_to_neuron_tensor(src_neuron: torch.Tensor, dst_neuron: torch.Tensor,
+                                      non_blocking: bool = False) -> None:
+    """TorchNeuron's raw device-to-device copy, within one core."""
+    if src_neuron.device.type != "neuron" or dst_neuron.device.type != "neuron":
+        raise RuntimeError("Source and destination must be Neuron tensors")
+    if src_neuron.device != dst_neuron.device:
+        raise RuntimeError("Device-to-device copy requires tensors on same Neuron core")
+    _raw_copy(src_neuron, dst_neuron)

@@ -54,6 +54,10 @@ struct OpInfo {
   bool is_view = false;       // returns aliases of inputs without writing them
   bool pointwise_tag = false; // tagged pointwise
   int generator_arg = -1;
+  // Device kernels compute a half input as float32 (`half_to_float`), and its backward takes
+  // a float32 gradient for a half input (`input_dtype`); CPU kernels reject both.
+  int half_to_float_arg = -1;
+  int input_dtype_arg = -1;
   ForeachKind foreach = ForeachKind::None;  // queued and fused per tensor (foreach.cpp)
   std::vector<bool> write;    // per argument: mutated by the op
   std::atomic<const Decision*> decision{nullptr};
@@ -101,10 +105,17 @@ OpInfo& info_for(const c10::OperatorHandle& op) {
     auto t = arg.real_type();
     if (auto opt = t->castRaw<c10::OptionalType>()) t = opt->getElementType();
     if (t->kind() == c10::TypeKind::GeneratorType) info->generator_arg = static_cast<int>(i);
+    if (arg.name() == "half_to_float" && t->kind() == c10::TypeKind::BoolType) {
+      info->half_to_float_arg = static_cast<int>(i);
+    }
+    if (arg.name() == "input_dtype" && t->kind() == c10::TypeKind::ScalarTypeType) {
+      info->input_dtype_arg = static_cast<int>(i);
+    }
   }
   for (const auto& ret : schema.returns()) {
     if (ret.alias_info() && !ret.alias_info()->isWrite() && !writes) info->is_view = true;
   }
+  if (writes) info->input_dtype_arg = -1;  // an out= result keeps the dtype it was given
   info->pointwise_tag = op.hasTag(at::Tag::pointwise);
   info->foreach = foreach_kind(op);
   decide(*info);
@@ -329,6 +340,25 @@ void on_downcast(OpInfo& info, bool is_float) {
               "model.float()) or unset NEURONLOCAL_STRICT.");
 }
 
+// A half input computed as float32 (softmax's `half_to_float`, as TorchNeuron's and CUDA's
+// kernels do): the CPU kernel gets the input in float32. The backward's float32 gradient of
+// a half input (`input_dtype`): computed in float32, the result cast to the input's dtype,
+// which it returns.
+std::optional<at::ScalarType> float_for_half(const OpInfo& info, torch::jit::Stack& stack,
+                                             size_t base) {
+  if (info.half_to_float_arg >= 0 && stack[base + info.half_to_float_arg].toBool()) {
+    stack[base] = stack[base].toTensor().to(at::kFloat);
+    stack[base + info.half_to_float_arg] = false;
+  }
+  if (info.input_dtype_arg < 0) return std::nullopt;
+  auto& dtype = stack[base + info.input_dtype_arg];
+  const auto grad = stack[base].toTensor().scalar_type();
+  const auto wanted = dtype.toScalarType();
+  if (wanted == grad) return std::nullopt;
+  dtype = c10::IValue(grad);
+  return wanted;
+}
+
 }  // namespace
 
 void tracked_composite(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -401,6 +431,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       g = c10::IValue(draw->generator());
     }
   }
+  const auto result_dtype = float_for_half(info, *stack, base);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   draw.reset();
   const size_t nret = schema.returns().size();
@@ -408,7 +439,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t j = 0; j < nret; ++j) {
     auto& r = (*stack)[rbase + j];
     if (r.isTensor()) {
-      r = call.out(r.toTensor());
+      r = call.out(result_dtype ? r.toTensor().to(*result_dtype) : r.toTensor());
     } else if (r.isTensorList()) {
       auto list = r.toTensorList();
       for (size_t k = 0; k < list.size(); ++k) list.set(k, call.out(list.get(k)));

@@ -5,6 +5,7 @@
 #include "neuron.h"
 
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
 
@@ -27,6 +28,15 @@ struct IndexGuard {
 at::Tensor to_neuron_like(const at::Tensor& r, c10::DeviceIndex idx) {
   if (!r.defined()) return r;
   return make_neuron(adopt_storage(r.storage(), idx), r);
+}
+
+// Set while `_to_copy` runs: moving a tensor to another core is TorchNeuron's `.to()`, and
+// only its own copy_ may cross cores.
+thread_local bool t_moving = false;
+
+void check_neuron_source(bool on_neuron, const char* what, const c10::Device& device) {
+  TORCH_CHECK(on_neuron, "set_: expected neuron ", what, ", but got ", what, " on device ",
+              device, ". Move it to neuron first (.to('neuron')).");
 }
 
 using SymbolValues = std::unordered_map<std::string, int64_t>;
@@ -83,6 +93,23 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                                            c10::dtype_or_default(dtype));
 }
 
+// TorchNeuron's set_ takes only neuron storage (CPU memory cannot back a neuron tensor).
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
+                        c10::IntArrayRef size, c10::IntArrayRef stride) {
+  check_neuron_source(source.device_type() == kNeuron, "storage", source.device());
+  return at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  check_neuron_source(source.device_type() == kNeuron, "storage", source.device());
+  return at::native::set_(self, std::move(source));
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  check_neuron_source(source.device().type() == kNeuron, "source tensor", source.device());
+  return at::native::set_tensor_(self, source);
+}
+
 at::Tensor& set_empty(at::Tensor& self) {
   IndexGuard g(self.device());
   c10::Storage st(c10::Storage::use_byte_size_t(), 0, allocator(), true);
@@ -103,10 +130,31 @@ const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  // TorchNeuron copies between neuron tensors on one core only; `.to(device)` moves them.
+  TORCH_CHECK(t_moving || self.device().type() != kNeuron || dst.device().type() != kNeuron ||
+                  self.device().index() == dst.device().index(),
+              "Device-to-device copy requires tensors on same Neuron core (copy_ from ",
+              self.device(), " into ", dst.device(), "). Move the source first: "
+              "dst.copy_(src.to(dst.device)).");
   auto src = self.device().type() == kNeuron ? cpu_alias(self) : self;
   auto out = dst.device().type() == kNeuron ? cpu_alias(dst) : dst;
   out.copy_(src);
   return dst;
+}
+
+at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                   std::optional<at::Layout> layout, std::optional<at::Device> device,
+                   std::optional<bool> pin, bool non_blocking,
+                   std::optional<at::MemoryFormat> mf) {
+  static auto& executed = executed_counter("aten::_to_copy", "");
+  executed++;
+  const bool was = t_moving;
+  t_moving = true;
+  struct Restore {
+    bool v;
+    ~Restore() { t_moving = v; }
+  } restore{was};
+  return at::native::_to_copy(self, dtype, layout, device, pin, non_blocking, mf);
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
@@ -201,6 +249,7 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
+  if (auto choice = overrideable_choice(q, k, v)) return *choice;
   // Below the Python modes (FakeTensorMode while tracing): the stand-ins are plain CPU.
   c10::impl::ExcludeDispatchKeyGuard no_python(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));

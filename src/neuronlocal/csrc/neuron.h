@@ -156,10 +156,18 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                          std::optional<at::Device> device, std::optional<bool> pin);
 at::Tensor& set_empty(at::Tensor& self);
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
+                        c10::IntArrayRef size, c10::IntArrayRef stride);
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source);
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source);
 const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
                          std::optional<at::MemoryFormat> mf);
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
+at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                   std::optional<at::Layout> layout, std::optional<at::Device> device,
+                   std::optional<bool> pin, bool non_blocking,
+                   std::optional<at::MemoryFormat> mf);
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
                                                   std::optional<bool> train);
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
@@ -176,6 +184,27 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa);
+// attention.cpp
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
+           at::Tensor, at::Tensor>
+sdpa_overrideable(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                  const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal,
+                  bool return_debug_mask, std::optional<double> scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_overrideable_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask,
+    const at::Tensor& out, const at::Tensor& logsumexp, const at::Tensor& cum_seq_q,
+    const at::Tensor& cum_seq_k, int64_t max_q, int64_t max_k, double dropout_p,
+    bool is_causal, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
+    std::optional<double> scale);
+std::tuple<at::Tensor, at::Tensor> native_multi_head_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed_dim,
+    int64_t num_head, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
+    const at::Tensor& proj_weight, const at::Tensor& proj_bias,
+    const std::optional<at::Tensor>& mask, bool need_weights, bool average_attn_weights,
+    std::optional<int64_t> mask_type);
+std::optional<int64_t> overrideable_choice(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v);
 }  // namespace kernels
 
 // ---- registration.cpp ------------------------------------------------------

@@ -1,13 +1,13 @@
 // Every registration of the neuron device with PyTorch's dispatcher, in one place: the
-// explicit kernels (kernels.cpp), the boxed fallback (fallback.cpp) for every other op and
-// directly for the ops Python lists, and one clear error for sparse and quantized tensors.
+// explicit kernels (kernels.cpp, attention.cpp), the boxed fallback (fallback.cpp) for every
+// other op and directly for the ops Python lists, and one clear error for sparse and
+// quantized tensors.
 // Which ops get what is data from Python (neuronlocal/eager/ops.py); this file only wires.
 #include "neuron.h"
 
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
-#include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
@@ -45,18 +45,24 @@ void register_kernels() {
   lib.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
   lib.impl("view", TORCH_FN(at::native::view));
   lib.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
-  lib.impl("set_.source_Storage_storage_offset", TORCH_FN(at::native::set_storage_cpu_));
-  lib.impl("set_.source_Storage", TORCH_FN(at::native::set_));
-  lib.impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
+  lib.impl("set_.source_Storage_storage_offset", TORCH_FN(kernels::set_storage));
+  lib.impl("set_.source_Storage", TORCH_FN(kernels::set_source_storage));
+  lib.impl("set_.source_Tensor", TORCH_FN(kernels::set_tensor));
   lib.impl("set_", TORCH_FN(kernels::set_empty));
   lib.impl("resize_", TORCH_FN(kernels::resize));
   lib.impl("_copy_from", TORCH_FN(kernels::copy_from));
+  lib.impl("_to_copy", TORCH_FN(kernels::to_copy));
   lib.impl("_copy_from_and_resize", TORCH_FN(kernels::copy_from_and_resize));
   lib.impl("native_dropout", TORCH_FN(kernels::native_dropout));
   lib.impl("convolution_overrideable", TORCH_FN(kernels::convolution_overrideable));
   lib.impl("convolution_backward_overrideable",
            TORCH_FN(kernels::convolution_backward_overrideable));
   lib.impl("record_stream", TORCH_FN(kernels::record_stream));
+  lib.impl("_scaled_dot_product_fused_attention_overrideable",
+           TORCH_FN(kernels::sdpa_overrideable));
+  lib.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+           TORCH_FN(kernels::sdpa_overrideable_backward));
+  lib.impl("_native_multi_head_attention", TORCH_FN(kernels::native_multi_head_attention));
   lib.impl("_has_compatible_shallow_copy_type",
            TORCH_FN(kernels::has_compatible_shallow_copy_type));
   // Foreach ops have a composite kernel that loops over the list, one neuron op per tensor

@@ -40,6 +40,20 @@ def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) 
     return _C._bridge_out([out], self.device.index)[0]
 
 
+def _histc_out(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0, *,
+               out: torch.Tensor) -> torch.Tensor:
+    """histc into `out`, with device semantics; a dtype mismatch is TorchNeuron's error (its
+    MLIR kernel names torch dtypes; with TORCH_NEURONX_MLIR_ATEN_OPS=0, CPU's words)."""
+    if self.dtype != out.dtype:
+        if env_flag("TORCH_NEURONX_MLIR_ATEN_OPS"):
+            raise RuntimeError("torch.histogram: input tensor and hist tensor should have the "
+                               f"same dtype, but got input {self.dtype} and hist {out.dtype}")
+        torch.histc(_C._cpu_alias(self), bins, min, max, out=_C._cpu_alias(out))
+    result = _histc(self, bins, min, max)
+    out.resize_(result.shape)
+    return out.copy_(result)
+
+
 _composite = torch._C.DispatchKey.CompositeImplicitAutograd
 
 
@@ -87,6 +101,7 @@ def register() -> None:
 
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("histc", _histc, "PrivateUse1")
+    _lib.impl("histc.out", _histc_out, "PrivateUse1")
     _lib.impl("contiguous", _contiguous, "AutogradPrivateUse1")
     sync_batch_norm.register(_lib)
     has = torch._C._dispatch_has_kernel_for_dispatch_key

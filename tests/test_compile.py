@@ -21,7 +21,7 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
     torch._dynamo.reset()
     metrics.reset_dynamo_metrics()
-    from neuronlocal.compile.backend import _CACHE
+    from neuronlocal.compile.static import _CACHE
 
     _CACHE.memory.clear()
     yield
@@ -168,17 +168,17 @@ def test_optimisation_level_sets_inductor_config(monkeypatch, inductor, flags):
     """NEURON_CC_FLAGS's level picks Inductor's settings (-O1: one C++ file per graph, scalar
     loops, no C++ optimisation); the graph matches CPU forward and backward either way, and
     the caller's own patches win over the level's."""
-    from neuronlocal.compile import backend
-    from neuronlocal.compile.inductor import OPTLEVEL_PATCHES
+    from neuronlocal.compile import static
+    from neuronlocal.compile.lowering import OPTLEVEL_PATCHES
 
     seen: list[dict] = []
-    stock = backend.stock_compile_fx()
+    stock = static.stock_compile_fx()
 
     def recording(gm, examples, config_patches=None):
         seen.append(dict(config_patches or {}))
         return stock(gm, examples, config_patches=config_patches)
 
-    monkeypatch.setattr(backend, "stock_compile_fx", lambda: recording)
+    monkeypatch.setattr(static, "stock_compile_fx", lambda: recording)
     monkeypatch.setenv("NEURON_CC_FLAGS", flags)
     check_train_step(mlp(), (torch.randn(4, 16),))
     level = 1 if flags == "-O1" else 2
@@ -327,12 +327,12 @@ def test_default_compiler_builds_no_code(monkeypatch):
     parts, and a DTensor-like subclass desugared by the same AOTAutograd call."""
     from torch.testing._internal.two_tensor import TwoTensor
 
-    from neuronlocal.compile import backend
+    from neuronlocal.compile import static
 
     def no_inductor():
         raise AssertionError("the default compiler must not call Inductor")
 
-    monkeypatch.setattr(backend, "stock_compile_fx", no_inductor)
+    monkeypatch.setattr(static, "stock_compile_fx", no_inductor)
     import torch_neuronx
 
     torch_neuronx.clear_op_tracking()
@@ -446,7 +446,7 @@ def test_cpu_inputs_are_copied(monkeypatch):
 def test_failure_policy(monkeypatch, compiler):
     from torch._inductor import lowering
 
-    from neuronlocal.compile import backend
+    from neuronlocal.compile import static
 
     def boom(*args, **kwargs):
         raise RuntimeError("injected codegen failure")
@@ -455,7 +455,7 @@ def test_failure_policy(monkeypatch, compiler):
     if compiler == "inductor":
         monkeypatch.setitem(lowering.lowerings, torch.ops.aten.cosh.default, boom)
     else:
-        monkeypatch.setattr(backend, "compile_parts", boom)
+        monkeypatch.setattr(static, "compile_parts", boom)
     f = torch.compile(lambda x: torch.cosh(x) + 1, backend="neuron")
     with pytest.raises(Exception, match="could not compile graph") as info:
         f(torch.randn(3, device="neuron"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import re
 import warnings
@@ -10,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from neuronlocal import _C
 from neuronlocal.core import dynamo_metrics as metrics
 
 pytestmark = pytest.mark.timeout(900)
@@ -294,6 +296,60 @@ def test_compiled_graph_memory_is_counted():
     assert torch.neuron.max_memory_allocated() - base >= activation
     model.zero_grad(set_to_none=True)
     assert torch.neuron.memory_allocated() == base
+
+
+def test_inductor_bridge_crosses_once_each_way(monkeypatch, inductor):
+    """With Inductor, a compiled call crosses the bridge in one C++ call each way, however
+    many inputs it has (which inputs become leaves is fixed at compile time, as Dynamo guards
+    on it), and its results match eager CPU: a CPU input that requires grad, a view output,
+    an integer output and an output moved to the CPU, forward and backward; without grad the
+    same graph takes one call each way too."""
+    from neuronlocal.compile import bridge
+
+    monkeypatch.setenv("NEURON_CC_FLAGS", "-O1")  # one C++ file per graph: a quick build
+    calls: collections.Counter = collections.Counter()
+
+    class Counted:
+        def __getattr__(self, name: str):
+            fn = getattr(_C, name)
+            if not name.startswith("_bridge"):
+                return fn
+
+            def counted(*args, **kwargs):
+                calls[name] += 1
+                return fn(*args, **kwargs)
+            return counted
+
+    monkeypatch.setattr(bridge, "_C", Counted())
+    torch.manual_seed(0)
+    model, x = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)]), torch.randn(4, 8)
+
+    def f(m, x, s):
+        y = m(x) * s
+        return y.sum(), y.argmax(-1), y.t(), y.mean(0).cpu()
+
+    def step(dev: str, fn, m, s) -> list[torch.Tensor]:
+        loss, idx, yt, host = fn(m, x.to(dev), s)
+        assert host.device.type == "cpu" and idx.device.type == dev
+        (loss + yt[0].sum() + host.sum().to(dev)).backward()
+        grads = [p.grad.cpu() for p in m.parameters()]
+        return [loss.cpu(), idx.cpu(), yt.cpu(), host, s.grad, *grads]
+
+    want = step("cpu", f, copy.deepcopy(model), torch.tensor(2.0, requires_grad=True))
+    m, fn = copy.deepcopy(model).to("neuron"), torch.compile(f, backend="neuron")
+    for _ in range(2):
+        calls.clear()
+        m.zero_grad(set_to_none=True)
+        got = step("neuron", fn, m, torch.tensor(2.0, requires_grad=True))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert calls == {"_bridge_in": 2, "_bridge_out": 2}  # a forward and its backward
+    with torch.no_grad():
+        fn(m, x.to("neuron"), torch.tensor(2.0))
+        calls.clear()
+        loss, *_ = fn(m, x.to("neuron"), torch.tensor(2.0))
+    assert calls == {"_bridge_in": 1, "_bridge_out": 1} and not loss.requires_grad
+    torch.testing.assert_close(loss.cpu(), want[0])
 
 
 def test_a_parameter_freed_and_gathered_again_before_backward():

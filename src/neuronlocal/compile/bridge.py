@@ -63,7 +63,7 @@ def _call(fn: Callable[..., Any], args: Sequence[Any], index: int) -> Sequence[A
         # compile_fx's result takes positional arguments, as Dynamo calls it (its
         # `_boxed_call` is copied from the inner function by functools.wraps and does not
         # apply).
-        return fn(*args)  # type: ignore[no-any-return]
+        return fn(*args)
     finally:
         _C._set_host_core(prev)
 

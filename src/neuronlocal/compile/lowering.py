@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -80,7 +81,6 @@ def stock_compile_fx(mod: ModuleType | None = None) -> Callable[..., Any]:
     """Inductor's own compile_fx (the neuron backend compiles CPU graphs with it). `mod`:
     Inductor's compile_fx module, handed over before the seam replaces its function."""
     if "compile_fx" not in _STOCK:
-        if mod is None:
-            from torch._inductor import compile_fx as mod
+        mod = mod or importlib.import_module("torch._inductor.compile_fx")
         _STOCK.setdefault("compile_fx", mod.compile_fx)
     return _STOCK["compile_fx"]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
 import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -350,6 +353,18 @@ def test_inductor_bridge_crosses_once_each_way(monkeypatch, inductor):
         loss, *_ = fn(m, x.to("neuron"), torch.tensor(2.0))
     assert calls == {"_bridge_in": 1, "_bridge_out": 1} and not loss.requires_grad
     torch.testing.assert_close(loss.cpu(), want[0])
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_inductor_loads_with_dynamo_only_for_the_inductor_compiler(compiler):
+    """NEURONLOCAL_COMPILER=inductor loads Inductor's compiler with Dynamo, as stock Inductor
+    loads it at torch.compile, so the first compiled call does not import it; the default
+    compiler never loads it."""
+    code = ("import sys, torch, torch._dynamo; "
+            "print('torch._inductor.compile_fx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "NEURONLOCAL_COMPILER": compiler})
+    assert out.stdout.split() == [str(compiler == "inductor")]
 
 
 def test_a_parameter_freed_and_gathered_again_before_backward():

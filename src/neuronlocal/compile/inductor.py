@@ -129,11 +129,12 @@ def _route_compile_fx(mod: Any) -> None:
 def _load_inductor(dynamo: ModuleType) -> None:
     """With NEURONLOCAL_COMPILER=inductor, Inductor's compiler loads with Dynamo, as stock
     Inductor loads it when torch.compile picks it: a new process's first compiled call then
-    does the same work as stock Inductor's, not also this import. Skipped while Inductor
-    itself is being imported (it imports Dynamo)."""
-    inductor = sys.modules.get("torch._inductor")
-    if env_compiler() != "inductor" or (
-            inductor is not None and getattr(inductor.__spec__, "_initializing", False)):
+    does the same work as stock Inductor's, not also this import. Skipped while another
+    PyTorch module is mid-import (one that imports Dynamo, such as Inductor itself)."""
+    if env_compiler() != "inductor" or any(
+            getattr(getattr(m, "__spec__", None), "_initializing", False)
+            for name, m in list(sys.modules.items())
+            if name.startswith("torch.") and m is not dynamo):
         return
     stock_compile_fx()
 

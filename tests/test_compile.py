@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 import copy
+import os
 import re
+import subprocess
+import sys
 import warnings
 
 import pytest
 import torch
 from torch import nn
 
+from neuronlocal import _C
 from neuronlocal.core import dynamo_metrics as metrics
 
 pytestmark = pytest.mark.timeout(900)
@@ -21,7 +26,7 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
     torch._dynamo.reset()
     metrics.reset_dynamo_metrics()
-    from neuronlocal.compile.backend import _CACHE
+    from neuronlocal.compile.static import _CACHE
 
     _CACHE.memory.clear()
     yield
@@ -168,17 +173,17 @@ def test_optimisation_level_sets_inductor_config(monkeypatch, inductor, flags):
     """NEURON_CC_FLAGS's level picks Inductor's settings (-O1: one C++ file per graph, scalar
     loops, no C++ optimisation); the graph matches CPU forward and backward either way, and
     the caller's own patches win over the level's."""
-    from neuronlocal.compile import backend
-    from neuronlocal.compile.inductor import OPTLEVEL_PATCHES
+    from neuronlocal.compile import static
+    from neuronlocal.compile.lowering import OPTLEVEL_PATCHES
 
     seen: list[dict] = []
-    stock = backend.stock_compile_fx()
+    stock = static.stock_compile_fx()
 
     def recording(gm, examples, config_patches=None):
         seen.append(dict(config_patches or {}))
         return stock(gm, examples, config_patches=config_patches)
 
-    monkeypatch.setattr(backend, "stock_compile_fx", lambda: recording)
+    monkeypatch.setattr(static, "stock_compile_fx", lambda: recording)
     monkeypatch.setenv("NEURON_CC_FLAGS", flags)
     check_train_step(mlp(), (torch.randn(4, 16),))
     level = 1 if flags == "-O1" else 2
@@ -387,6 +392,72 @@ def test_compiled_graph_memory_is_counted():
     assert torch.neuron.memory_allocated() == base
 
 
+def test_inductor_bridge_crosses_once_each_way(monkeypatch, inductor):
+    """With Inductor, a compiled call crosses the bridge in one C++ call each way, however
+    many inputs it has (which inputs become leaves is fixed at compile time, as Dynamo guards
+    on it), and its results match eager CPU: a CPU input that requires grad, a view output,
+    an integer output and an output moved to the CPU, forward and backward; without grad the
+    same graph takes one call each way too."""
+    from neuronlocal.compile import bridge
+
+    monkeypatch.setenv("NEURON_CC_FLAGS", "-O1")  # one C++ file per graph: a quick build
+    calls: collections.Counter = collections.Counter()
+
+    class Counted:
+        def __getattr__(self, name: str):
+            fn = getattr(_C, name)
+            if not name.startswith("_bridge"):
+                return fn
+
+            def counted(*args, **kwargs):
+                calls[name] += 1
+                return fn(*args, **kwargs)
+            return counted
+
+    monkeypatch.setattr(bridge, "_C", Counted())
+    torch.manual_seed(0)
+    model, x = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)]), torch.randn(4, 8)
+
+    def f(m, x, s):
+        y = m(x) * s
+        return y.sum(), y.argmax(-1), y.t(), y.mean(0).cpu()
+
+    def step(dev: str, fn, m, s) -> list[torch.Tensor]:
+        loss, idx, yt, host = fn(m, x.to(dev), s)
+        assert host.device.type == "cpu" and idx.device.type == dev
+        (loss + yt[0].sum() + host.sum().to(dev)).backward()
+        grads = [p.grad.cpu() for p in m.parameters()]
+        return [loss.cpu(), idx.cpu(), yt.cpu(), host, s.grad, *grads]
+
+    want = step("cpu", f, copy.deepcopy(model), torch.tensor(2.0, requires_grad=True))
+    m, fn = copy.deepcopy(model).to("neuron"), torch.compile(f, backend="neuron")
+    for _ in range(2):
+        calls.clear()
+        m.zero_grad(set_to_none=True)
+        got = step("neuron", fn, m, torch.tensor(2.0, requires_grad=True))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert calls == {"_bridge_in": 2, "_bridge_out": 2}  # a forward and its backward
+    with torch.no_grad():
+        fn(m, x.to("neuron"), torch.tensor(2.0))
+        calls.clear()
+        loss, *_ = fn(m, x.to("neuron"), torch.tensor(2.0))
+    assert calls == {"_bridge_in": 1, "_bridge_out": 1} and not loss.requires_grad
+    torch.testing.assert_close(loss.cpu(), want[0])
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_inductor_loads_with_dynamo_only_for_the_inductor_compiler(compiler):
+    """NEURONLOCAL_COMPILER=inductor loads Inductor's compiler with Dynamo, as stock Inductor
+    loads it at torch.compile, so the first compiled call does not import it; the default
+    compiler never loads it."""
+    code = ("import sys, torch, torch._dynamo; "
+            "print('torch._inductor.compile_fx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "NEURONLOCAL_COMPILER": compiler})
+    assert out.stdout.split() == [str(compiler == "inductor")]
+
+
 def test_a_parameter_freed_and_gathered_again_before_backward():
     """FSDP2's pattern: after forward the unsharded parameter's storage is freed (resize to
     0), other tensors take the memory, and before backward the storage is allocated again
@@ -418,12 +489,12 @@ def test_default_compiler_builds_no_code(monkeypatch):
     parts, and a DTensor-like subclass desugared by the same AOTAutograd call."""
     from torch.testing._internal.two_tensor import TwoTensor
 
-    from neuronlocal.compile import backend
+    from neuronlocal.compile import static
 
     def no_inductor():
         raise AssertionError("the default compiler must not call Inductor")
 
-    monkeypatch.setattr(backend, "stock_compile_fx", no_inductor)
+    monkeypatch.setattr(static, "stock_compile_fx", no_inductor)
     import torch_neuronx
 
     torch_neuronx.clear_op_tracking()
@@ -537,7 +608,7 @@ def test_cpu_inputs_are_copied(monkeypatch):
 def test_failure_policy(monkeypatch, compiler):
     from torch._inductor import lowering
 
-    from neuronlocal.compile import backend
+    from neuronlocal.compile import static
 
     def boom(*args, **kwargs):
         raise RuntimeError("injected codegen failure")
@@ -546,7 +617,7 @@ def test_failure_policy(monkeypatch, compiler):
     if compiler == "inductor":
         monkeypatch.setitem(lowering.lowerings, torch.ops.aten.cosh.default, boom)
     else:
-        monkeypatch.setattr(backend, "compile_parts", boom)
+        monkeypatch.setattr(static, "compile_parts", boom)
     f = torch.compile(lambda x: torch.cosh(x) + 1, backend="neuron")
     with pytest.raises(Exception, match="could not compile graph") as info:
         f(torch.randn(3, device="neuron"))

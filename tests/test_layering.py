@@ -104,6 +104,43 @@ def test_checker_sees_an_upward_import(tmp_path: Path) -> None:
         bad.unlink()
 
 
+# Inside compile/: one module per stage, lowest first. A module imports only modules of
+# earlier stages (the package's __init__ sits above them all), so no import cycle can form,
+# through a function-level import either.
+COMPILE_STAGES = ["bucketing", "flex", "lowering", "cache", "aot", "bridge", "static", "subclass",
+                  "backend", "inductor"]
+COMPILE = SRC / "neuronlocal" / "compile"
+
+
+def upward_stages(path: Path, stage: int) -> list[str]:
+    """Imports in `path` (at position `stage`) of compile modules not below it."""
+    below = {f"neuronlocal.compile.{name}" for name in COMPILE_STAGES[:stage]}
+    return [f"{path.relative_to(ROOT)}:{line} imports {m}" for line, m in imports(path)
+            if (m == "neuronlocal.compile" or m.startswith("neuronlocal.compile."))
+            and not any(m == b or m.startswith(b + ".") for b in below)]
+
+
+def test_compile_stages_import_downward() -> None:
+    stems = {p.stem for p in COMPILE.glob("*.py") if p.name != "__init__.py"}
+    assert stems == set(COMPILE_STAGES), f"place each compile module in COMPILE_STAGES ({__file__})"
+    found = [v for i, name in enumerate(COMPILE_STAGES)
+             for v in upward_stages(COMPILE / f"{name}.py", i)]
+    assert found == []
+
+
+def test_stage_checker_sees_an_upward_import() -> None:
+    """The stage checker itself: a function-level import of a later stage is found."""
+    probe = COMPILE / "_stage_probe.py"
+    try:
+        probe.write_text("from neuronlocal.compile import lowering\n\n\n"
+                         "def f():\n    from neuronlocal.compile.backend import neuron_backend\n")
+        stage = COMPILE_STAGES.index("cache")
+        assert [v.rsplit(" ", 1)[1] for v in upward_stages(probe, stage)] == [
+            "neuronlocal.compile.backend"]
+    finally:
+        probe.unlink()
+
+
 def test_architecture_doc_lists_the_layers_in_this_order() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     table = re.findall(r"^\|\s*(\d+)\s*\|\s*(\w+)\s*\|", doc, re.M)

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from neuronlocal.compile.backend import NEFFCompilationError, neuron_backend
+from neuronlocal.compile.backend import neuron_backend
+from neuronlocal.compile.static import NEFFCompilationError
 from neuronlocal.core.dynamo_metrics import (
     get_dynamo_metrics,
     get_model_name,

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from neuronlocal.compile.backend import (
-    NEFFCompilationError,
-    NeuronDynamicShapesError,
-    neuron_backend,
-)
+from neuronlocal.compile.backend import NeuronDynamicShapesError, neuron_backend
+from neuronlocal.compile.static import NEFFCompilationError
 from neuronlocal.core.dynamo_metrics import (
     get_dynamo_metrics,
     get_model_name,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.graph import _engine_run_backward
 
 from neuronlocal import _C
 
@@ -55,14 +56,14 @@ def output_devices(gm: torch.fx.GraphModule) -> list[bool]:
     return out
 
 
-def _call(fn: Callable[..., Any], args: list[Any], index: int) -> list[Any]:
+def _call(fn: Callable[..., Any], args: Sequence[Any], index: int) -> Sequence[Any]:
     """Runs compiled code with its host allocations counted against core `index`."""
     prev = _C._set_host_core(index)
     try:
         # compile_fx's result takes positional arguments, as Dynamo calls it (its
         # `_boxed_call` is copied from the inner function by functools.wraps and does not
         # apply).
-        return list(fn(*args))
+        return fn(*args)
     finally:
         _C._set_host_core(prev)
 
@@ -72,76 +73,73 @@ class _Bridge(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, graph: CompiledGraph, *args: Any) -> tuple[Any, ...]:
-        cpu_args, index = _C._bridge_in(list(args))
-        leaves = []
-        for i, (a, c) in enumerate(zip(args, cpu_args, strict=True)):
-            if isinstance(a, torch.Tensor) and a.requires_grad and c is not a:
-                cpu_args[i] = c.requires_grad_(True)
-                leaves.append(i)
-            elif isinstance(a, torch.Tensor) and a.requires_grad:  # a CPU input
-                cpu_args[i] = c.detach().requires_grad_(True)
-                leaves.append(i)
-        with torch.enable_grad():
+        # The leaves (aliases or detached CPU inputs that require grad) are made in C++.
+        cpu_args, index = _C._bridge_in(args, False, graph.leaves)
+        torch._C._set_grad_enabled(True)  # forward runs without grad; the CPU graph needs it
+        try:
             outs = _call(graph.fn, cpu_args, index)
+        finally:
+            torch._C._set_grad_enabled(False)
         diff = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
-        ctx.diff, ctx.leaves, ctx.nargs, ctx.index = diff, leaves, len(args), index
-        ctx.input_neuron = [isinstance(args[i], torch.Tensor) and args[i].device.type == "neuron"
-                            for i in leaves]
+        ctx.graph, ctx.diff, ctx.index = graph, diff, index
         # Saved tensors are released after a backward without retain_graph, which frees the
         # CPU graph when autograd would free an eager one.
-        ctx.save_for_backward(*[outs[i] for i in diff], *[cpu_args[i] for i in leaves])
-        result = _C._bridge_out([o.detach() if isinstance(o, torch.Tensor) else o for o in outs],
-                                index, graph.to_neuron)
-        ctx.mark_non_differentiable(*[r for i, r in enumerate(result)
-                                      if isinstance(r, torch.Tensor) and i not in diff])
+        ctx.save_for_backward(*[outs[i] for i in diff], *[cpu_args[i] for i in graph.leaf_pos])
+        result = _C._bridge_out(outs, index, graph.to_neuron, True)
+        if len(diff) < len(result):
+            ctx.mark_non_differentiable(*[r for i, r in enumerate(result)
+                                          if isinstance(r, torch.Tensor) and i not in diff])
         return tuple(result)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        graph: CompiledGraph = ctx.graph
         saved = ctx.saved_tensors
         outs, leaves = saved[:len(ctx.diff)], saved[len(ctx.diff):]
-        grad_outs = []
-        for i, o in zip(ctx.diff, outs, strict=True):
-            g = grads[i]
-            if g is None:
-                g = torch.zeros_like(o)
-            elif g.device.type == "neuron":
-                g = _C._cpu_alias(g)
-            grad_outs.append(g)
-        # The CPU graph is kept exactly when the outer backward keeps its graph.
+        # Autograd materialises missing output gradients as zeros, so each one is a tensor.
+        grad_outs, _ = _C._bridge_in([grads[i] for i in ctx.diff])
+        # The CPU graph is kept exactly when the outer backward keeps its graph. The engine is
+        # called as torch.autograd.grad(allow_unused=True) calls it, without its argument
+        # checks (the outputs and leaves are the graph's own).
         keep = torch._C._autograd._get_current_graph_task_keep_graph()
         prev = _C._set_host_core(ctx.index)
         try:
-            in_grads = torch.autograd.grad(outs, leaves, grad_outs, allow_unused=True,
-                                           retain_graph=keep)
+            in_grads = _engine_run_backward(outs, tuple(grad_outs), keep, False, leaves, True,
+                                            accumulate_grad=False)
         finally:
             _C._set_host_core(prev)
-        result: list[Any] = [None] * ctx.nargs
-        for pos, g, to_neuron in zip(ctx.leaves, in_grads, ctx.input_neuron, strict=True):
-            if g is not None and to_neuron:
-                g = _C._bridge_out([g], ctx.index)[0]
-            result[pos] = g
-        return (None, *result)
+        result: list[Any] = [None] * (graph.nargs + 1)
+        for pos, g in zip(graph.leaf_pos,
+                          _C._bridge_out(in_grads, ctx.index, graph.grad_to_neuron),
+                          strict=True):
+            result[pos + 1] = g
+        return tuple(result)
 
 
 class CompiledGraph:
-    """A compiled graph called with neuron tensors (see the module docstring)."""
+    """A compiled graph called with neuron tensors (see the module docstring).
+
+    Everything a call needs to know about its inputs is fixed at compile time, since Dynamo
+    guards on it (grad mode, each input's device and requires_grad): which inputs become
+    leaves of the CPU graph (none when the call is not differentiable), and which of their
+    gradients go back to neuron. `differentiable` False: no autograd through the bridge (a
+    caller, AOTAutograd's runtime, does it; or grad mode was off)."""
 
     def __init__(self, fn: Callable[..., Any], to_neuron: Sequence[bool],
-                 autograd: bool = True) -> None:
+                 example_inputs: Sequence[Any], differentiable: bool) -> None:
         self.fn = fn
         self.to_neuron = list(to_neuron)
-        self.autograd = autograd  # False: a caller (AOTAutograd's runtime) does autograd
+        self.nargs = len(example_inputs)
+        self.leaves = [differentiable and isinstance(x, torch.Tensor) and x.requires_grad
+                       for x in example_inputs]
+        self.leaf_pos = [i for i, leaf in enumerate(self.leaves) if leaf]
+        self.grad_to_neuron = [example_inputs[i].device.type == "neuron" for i in self.leaf_pos]
 
-    def __call__(self, *args: Any) -> list[Any]:
-        if self.autograd and torch.is_grad_enabled() and any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+    def __call__(self, *args: Any) -> Sequence[Any]:
+        if self.leaf_pos:
             return list(_Bridge.apply(self, *args))
-        cpu_args, index = _C._bridge_in(list(args), True)
-        outs = _call(self.fn, cpu_args, index)
-        result = _C._bridge_out(outs, index, self.to_neuron)
-        for i, (o, r) in enumerate(zip(outs, result, strict=True)):
-            if isinstance(o, torch.Tensor) and o.requires_grad and r is not o:
-                result[i] = r.requires_grad_(True)  # a fresh leaf made inside the graph
-        return result
+        cpu_args, index = _C._bridge_in(args, True)
+        # A fresh leaf made inside the graph comes out requiring grad, on neuron too.
+        return _C._bridge_out(_call(self.fn, cpu_args, index), index, self.to_neuron, False,
+                              True)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuronlocal.compile.inductor import LOWERING_FIXES
+from neuronlocal.compile.lowering import LOWERING_FIXES
 from neuronlocal.core.config import env_flag, env_seconds, env_str
 from neuronlocal.core.files import private_dir, read_json, write_private
 from neuronlocal.core.process import killed_with_parent

@@ -22,6 +22,8 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from neuronlocal.compile.static import NEFFCompilationError, compile_failed, compile_static
+
 
 def has_subclass(args: Sequence[Any]) -> bool:
     """Does any input need desugaring (a traceable wrapper subclass such as DTensor)?"""
@@ -31,13 +33,11 @@ def has_subclass(args: Sequence[Any]) -> bool:
 def compile_desugared(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, Any],
                       kind: str, extra: dict[str, Any]) -> Callable[..., Any]:
     """AOTAutograd over the subclasses of `args` (real inputs of the first call); each plain
-    graph it produces compiles through `backend.compile_static` without autograd."""
+    graph it produces compiles through `static.compile_static` without autograd."""
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    from neuronlocal.compile.backend import NEFFCompilationError, compile_failed, compile_static
 
     def compiler(part: str) -> Callable[..., Any]:
         def compile_part(inner: fx.GraphModule, examples: Sequence[Any]) -> Callable[..., Any]:

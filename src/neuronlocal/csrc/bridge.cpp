@@ -51,20 +51,31 @@ const at::Tensor& cached_alias(const at::Tensor& t) {
 // the first neuron tensor is returned (current device when there is none). `reuse`: hand
 // out the alias kept on each tensor (calls without autograd), else fresh tracked aliases (a
 // differentiable call marks its aliases as graph leaves, and its CPU graph may save them
-// for a backward that runs after their storage was freed and gathered again).
+// for a backward that runs after their storage was freed and gathered again). `leaves[i]`:
+// input i becomes a leaf of the CPU graph that requires grad (an alias, or a detached CPU
+// input), so a differentiable call needs no per-input work in Python.
 std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args,
-                                                  bool reuse) {
+                                                  bool reuse, const std::vector<bool>& leaves) {
   settle();  // queued foreach ops (an optimizer step) write bytes the graph may read
   std::vector<py::object> out;
   out.reserve(args.size());
   int index = -1;
-  for (const auto& a : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
     if (THPVariable_Check(a.ptr())) {
       const auto& t = THPVariable_Unpack(a.ptr());
+      const bool leaf = i < leaves.size() && leaves[i];
       if (t.defined() && t.device().type() == kNeuron) {
         if (index < 0) index = t.device().index();
-        out.push_back(py::reinterpret_steal<py::object>(
-            THPVariable_Wrap(reuse ? cached_alias(t) : tracked_alias(t))));
+        at::Tensor alias = reuse && !leaf ? cached_alias(t) : tracked_alias(t);
+        if (leaf) alias.set_requires_grad(true);
+        out.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(alias))));
+        continue;
+      }
+      if (leaf && t.defined()) {
+        auto d = t.detach();
+        d.set_requires_grad(true);
+        out.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(d))));
         continue;
       }
     }
@@ -76,9 +87,13 @@ std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>&
 // CPU tensors become neuron tensors owning the same bytes; outputs sharing a storage share
 // one neuron storage, so views among outputs stay views. `to_neuron[i]` false keeps output
 // i as it is (an empty mask adopts every CPU tensor). Adopted tensors carry no autograd
-// history: the caller connects them to the graph (compile/bridge.py).
+// history: the caller connects them to the graph (compile/bridge.py). `detach_kept`: outputs
+// kept as they are lose their history too (they leave the CPU graph through an autograd
+// Function). `keep_grad`: an adopted output of a CPU tensor that requires grad (a fresh leaf
+// made inside the graph) requires grad too.
 std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index,
-                                   const std::vector<bool>& to_neuron) {
+                                   const std::vector<bool>& to_neuron, bool detach_kept,
+                                   bool keep_grad) {
   std::vector<py::object> res;
   res.reserve(outs.size());
   std::unordered_map<c10::StorageImpl*, c10::Storage> adopted;
@@ -104,7 +119,15 @@ std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int inde
         auto n = at::detail::make_tensor<c10::TensorImpl>(
             c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());
         n.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+        if (keep_grad && t.requires_grad()) n.set_requires_grad(true);
         res.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(n)));
+        continue;
+      }
+    }
+    if (detach_kept && THPVariable_Check(o.ptr())) {
+      const auto& t = THPVariable_Unpack(o.ptr());
+      if (t.defined() && t.requires_grad()) {
+        res.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(t.detach())));
         continue;
       }
     }

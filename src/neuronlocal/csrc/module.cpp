@@ -5,9 +5,10 @@
 
 namespace neuron {
 std::pair<std::vector<py::object>, int> bridge_in(const std::vector<py::object>& args,
-                                                  bool reuse);
+                                                  bool reuse, const std::vector<bool>& leaves);
 std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int index,
-                                   const std::vector<bool>& to_neuron);
+                                   const std::vector<bool>& to_neuron, bool detach_kept,
+                                   bool keep_grad);
 void bind_c10d(py::module_& m);  // c10d.cpp: the `neuron` process-group backend
 void bind_exit(py::module_& m);  // exit.cpp: drain autograd threads before finalization
 }  // namespace neuron
@@ -84,9 +85,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_downcast_ops", &neuron::downcast_ops);
   m.def("_clear_op_tracking", &neuron::clear_op_tracking);
   m.def("_bridge_in", &neuron::bridge_in, "neuron tensors -> CPU aliases (and the core index)",
-        py::arg("args"), py::arg("reuse") = false);
+        py::arg("args"), py::arg("reuse") = false, py::arg("leaves") = std::vector<bool>{});
   m.def("_bridge_out", &neuron::bridge_out, "CPU results -> neuron tensors on a core",
-        py::arg("outs"), py::arg("index"), py::arg("to_neuron") = std::vector<bool>{});
+        py::arg("outs"), py::arg("index"), py::arg("to_neuron") = std::vector<bool>{},
+        py::arg("detach_kept") = false, py::arg("keep_grad") = false);
   neuron::bind_c10d(m);
   neuron::bind_exit(m);
 }

@@ -31,7 +31,7 @@ from torch import fx
 from neuronlocal import _C
 from neuronlocal.compile.aot import autocopied, compile_parts
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
-from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
+from neuronlocal.compile.cache import NeffCache, add_compiled_cache_key, graph_key, inductor_dirs
 from neuronlocal.compile.inductor import lowering_fixes, optlevel_patches, stock_compile_fx
 from neuronlocal.compile.subclass import compile_desugared, has_subclass
 from neuronlocal.core import dynamo_metrics as metrics
@@ -221,6 +221,7 @@ def _has_collectives(gm: fx.GraphModule) -> bool:
 def _record(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
             graph_id: int, name: str, seconds: float, cache_state: str, key: str, kind: str,
             extra: dict[str, Any]) -> None:
+    add_compiled_cache_key(key)
     shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
     dtypes = [str(x.dtype) for x in example_inputs if isinstance(x, torch.Tensor)]
     metrics.record(metrics.GraphRecord(graph_id, name, options.get("model_name"),

@@ -172,6 +172,7 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
                  config_patches: dict[str, Any] | None) -> Callable[..., Any]:
     from torch._functorch import config as functorch_config
     from torch._guards import TracingContext, tracing
+    from torch._inductor import config as inductor_config
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -195,8 +196,11 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
             node.meta["val"] = x
     # The backward compiles with the forward, under the graph's lock, so a concurrent
     # process finds a complete cache entry and never compiles the same backward again.
+    # Random ops run ATen's kernels (`fallback_random`): TorchNeuron draws a compiled graph's
+    # random masks outside it with the eager generator, so a seed gives eager's numbers.
     with tracing(TracingContext(fake_mode)), lowering_fixes(), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True):
+            functorch_config.patch(force_non_lazy_backward_lowering=True), \
+            inductor_config.patch(fallback_random=True):
         return stock_compile_fx()(cpu_gm, fakes, config_patches=config_patches or None)
 
 

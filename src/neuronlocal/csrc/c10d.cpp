@@ -691,6 +691,17 @@ void bind_c10d(py::module_& m) {
           return c10::make_intrusive<NeuronGroup>(store, rank, size, backend);
         },
         "the process group over a neuron backend");
+  m.def("_c10d_register_work",
+        [](py::module_ mod) {
+          static bool done = false;  // called with the GIL held, after torch registers Work
+          if (done) return;
+          done = true;
+          py::class_<NeuronWork, c10d::Work, c10::intrusive_ptr<NeuronWork>>(
+              mod, "NeuronWork", "A collective of the neuron backend, as TorchNeuron's Work")
+              .def("get_sequence_number", &NeuronWork::getSequencenumber,
+                   "the group's collective count when this one was issued (0, 1, 2, ...)");
+        },
+        "gives the backend's works their Python type, once torch.distributed's Work exists");
   m.def("_c10d_set_hooks",
         [](py::object record, py::object error_class) {
           if (g_record == nullptr) g_record = new py::object(std::move(record));  // never freed

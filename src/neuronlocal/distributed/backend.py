@@ -38,8 +38,10 @@ def checks_enabled() -> bool:
 
 
 def install_hooks() -> None:
-    """Hands the C++ backend the report hook and the error class (once per process)."""
+    """Hands the C++ backend the report hook and the error class, and gives its works their
+    Python type (TorchNeuron's `NeuronWork`, with `get_sequence_number()`), once per process."""
     _C._c10d_set_hooks(record_collective, NeuronCollectiveError)
+    _C._c10d_register_work(_C)
 
 
 def make_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroup:

@@ -110,6 +110,7 @@ def test_cpu_tensors_are_rejected_as_torchneuron_does(single_rank, call):
 def test_work_sequence_numbers_count_the_groups_collectives(single_rank):
     works = [dist.all_reduce(torch.ones(2, device="neuron"), async_op=True) for _ in range(3)]
     works.append(dist.broadcast(torch.ones(2, device="neuron"), 0, async_op=True))
+    assert isinstance(works[0], dist.Work) and type(works[0]).__name__ == "NeuronWork"
     seqs = [w.get_sequence_number() for w in works]
     assert seqs == list(range(seqs[0], seqs[0] + 4)), seqs
     for w in works:

@@ -1,7 +1,8 @@
 """torchrun jobs for tests/test_distributed.py: each writes per-rank results to --out.
 
 `collectives`: every collective on neuron tensors (sync and async) against the expected
-values, functional collectives eager and compiled. `train`: the validation pattern of
+values, functional collectives eager and compiled. `contract`: TorchNeuron's process-group
+details (name, sequence numbers, refusals) and SPMD cache keys. `train`: the validation pattern of
 TorchNeuron: one job per (device, backend), DDP, FSDP2, TP (+ sequence
 parallel) and TP x FSDP with activation checkpointing, dumping loss per step, grads and
 parameters per rank for the test to compare (`--model llama`: a small HF Llama, sharded per
@@ -187,6 +188,60 @@ def collectives(out: Path) -> None:
     _functional(c, a_in, want_a2a)
     dist.destroy_process_group()
     (out / f"collectives_{c.r}.json").write_text(json.dumps(c.res))
+
+
+def _error(fn: Any) -> str:
+    """`Type: message` of what fn raised, "" when it returned."""
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def contract(out: Path) -> None:
+    """TorchNeuron's process-group contract on each rank: the group's name, Work sequence
+    numbers, CPU tensors refused, uneven all_to_all_single refused eagerly and compiled,
+    object collectives, and the cache keys of one compiled graph."""
+    import torch.distributed._functional_collectives as fc
+
+    from torch_neuronx.neuron_dynamo_backend.compile import (
+        ArtifactType,
+        clear_compiled_cache_keys,
+        get_compiled_cache_keys,
+    )
+
+    dist.init_process_group(backend="neuron")
+    r, w, pg = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
+    dev = torch.device("neuron", torch.neuron.current_device())
+    res: dict[str, Any] = {"name": pg.name()}
+    works = [dist.all_reduce(torch.ones(2, device=dev), async_op=True) for _ in range(3)]
+    res["seq"] = [x.get_sequence_number() for x in works]
+    for x in works:
+        x.wait()
+    res["cpu_error"] = _error(lambda: dist.all_reduce(torch.ones(2)))
+    splits = [1] * (w - 1) + [w + 1]  # 2w rows, uneven
+    x = torch.arange(2. * w, device=dev)
+    res["uneven_eager"] = _error(lambda: dist.all_to_all_single(torch.empty_like(x), x, splits,
+                                                                splits))
+    uneven = torch.compile(lambda v: fc.all_to_all_single(v, splits, splits, pg) + 1,
+                           backend="neuron", fullgraph=True)
+    res["uneven_compiled"] = _error(lambda: uneven(x))
+    objs: list[Any] = [None] * w
+    dist.all_gather_object(objs, {"rank": r})
+    res["objects"] = objs
+    torch._dynamo.reset()
+    clear_compiled_cache_keys()
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 4, bias=False).to(dev)
+    # The graph creates a tensor on this rank's core, so its code names the core index.
+    step = torch.compile(lambda v: lin(v) + torch.ones(4, device=dev), backend="neuron",
+                         fullgraph=True)
+    with torch.no_grad():
+        step(torch.randn(2, 8, device=dev))
+    res["keys"] = sorted(get_compiled_cache_keys(ArtifactType.NEURON_NEFF))
+    dist.destroy_process_group()
+    (out / f"contract_{r}.json").write_text(json.dumps(res))
 
 
 # --- training validation -----------------------------------------------------------------
@@ -507,8 +562,8 @@ def sft(out: Path, device_type: str, backend: str, compiled: bool) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("job", choices=["collectives", "train", "die", "mismatch", "exit", "sft",
-                                   "syncbn"])
+    p.add_argument("job", choices=["collectives", "contract", "train", "die", "mismatch",
+                                   "exit", "sft", "syncbn"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="neuron")
     p.add_argument("--backend", default="neuron")
@@ -519,6 +574,8 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     if a.job == "collectives":
         collectives(a.out)
+    elif a.job == "contract":
+        contract(a.out)
     elif a.job == "train":
         train(a.out, a.device, a.backend, a.modes.split(","), a.compiled, a.model)
     elif a.job == "die":

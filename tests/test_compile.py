@@ -514,11 +514,15 @@ def test_default_compiler_builds_no_code(monkeypatch):
     torch.testing.assert_close(x.grad.a.cpu(), ref.grad.a)
 
 
-def test_compiled_dropout_draws_what_eager_draws():
+@pytest.mark.parametrize("device,compiler", [("neuron", "eager"), ("neuron", "inductor"),
+                                             ("cpu", "eager")])
+def test_compiled_dropout_draws_what_eager_draws(monkeypatch, device, compiler):
     """After manual_seed, a compiled dropout keeps exactly the elements eager keeps (the
     default compiler draws from the core's generator, as TorchNeuron's compiled graphs take
-    their masks from the device generator)."""
-    x = torch.ones(4096, device="neuron", requires_grad=True)
+    their masks from the device generator; Inductor's graphs, which CPU inputs get too, run
+    ATen's random kernels instead of Inductor's own random numbers)."""
+    monkeypatch.setenv("NEURONLOCAL_COMPILER", compiler)
+    x = torch.ones(4096, device=device, requires_grad=True)
 
     def f(x: torch.Tensor) -> torch.Tensor:
         return nn.functional.dropout(x * 3, 0.3, training=True)

@@ -508,3 +508,44 @@ def test_default_compiler_entries_hit_in_a_new_process(tmp_path):
     entries = list((tmp_path / "neff").glob("*.neff"))
     assert len(entries) == 1 and json.loads(entries[0].read_text())["files"] == {}
     assert not [p for p in (tmp_path / "neff").rglob("*") if p.is_file() and p.suffix != ".neff"]
+
+
+# ---- the compiled-graph cache keys (TorchNeuron's neuron_dynamo_backend.compile API) -------
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_compiled_cache_keys_list_this_processes_graphs(tmp_path, monkeypatch, compiler):
+    from torch_neuronx.neuron_dynamo_backend.cache_artifact import ArtifactType as Exported
+    from torch_neuronx.neuron_dynamo_backend.compile import (
+        ArtifactType,
+        clear_compiled_cache_keys,
+        get_compiled_cache_keys,
+    )
+
+    assert Exported is ArtifactType and ArtifactType.NEURON_NEFF.value == "neuron_neff"
+    for name, value in _env(tmp_path, NEURONLOCAL_COMPILER=compiler).items():
+        monkeypatch.setenv(name, value)
+    torch._dynamo.reset()
+    clear_compiled_cache_keys()
+    x = torch.ones(3, device="neuron")
+    f = torch.compile(lambda v: v.sin() * 2, backend="neuron")
+    f(x)
+    f(x)  # no recompile: still one key
+    first = get_compiled_cache_keys(ArtifactType.NEURON_NEFF)
+    assert isinstance(first, frozenset) and len(first) == 1
+    torch.compile(lambda v: v.cos() - 1, backend="neuron")(x)
+    both = get_compiled_cache_keys(ArtifactType.NEURON_NEFF)
+    assert len(both) == 2 and first < both
+    graphs = torch.neuron.get_dynamo_metrics()["graphs"]
+    assert both <= {g["cache_key"] for g in graphs}  # the keys the graph records show
+    clear_compiled_cache_keys(ArtifactType.NEURON_NEFF)
+    assert get_compiled_cache_keys(ArtifactType.NEURON_NEFF) == frozenset()
+    with pytest.raises(KeyError, match="unknown artifact type 'neuron_neff'"):
+        get_compiled_cache_keys("neuron_neff")  # type: ignore[arg-type]
+
+
+def test_graph_key_names_the_device_type_not_the_core():
+    """SPMD ranks run one graph each on their own core: the key must not depend on it."""
+    code = "ones = torch.ones(3, device=device(type='neuron', index={}))\ny = x.to('neuron:{}')"
+    key = cache_mod.graph_key(code.format(0, 0), [], {})
+    assert key == cache_mod.graph_key(code.format(3, 5), [], {})
+    assert key != cache_mod.graph_key(code.format(0, 0).replace("neuron", "cpu"), [], {})

@@ -69,6 +69,9 @@ def test_group_is_a_stock_process_group(single_rank):
 
     # Dynamo traces only the stock C++ type (a Python subclass made compiled DDP fail).
     assert type(single_rank) is dist.ProcessGroup
+    assert single_rank.name() == "neuron"  # TorchNeuron's backend name, not c10d's "custom"
+    # Only neuron, as TorchNeuron's group: object collectives and barrier use neuron tensors.
+    assert single_rank._device_types == [torch.device("neuron")]
     neuron = single_rank._get_backend(torch.device("neuron"))
     assert neuron.name() == "neuron"
     assert single_rank._get_backend(torch.device("cpu")).name() == "neuron"
@@ -81,16 +84,47 @@ def test_single_rank_collectives_and_bad_input(single_rank):
     dist.all_reduce(t)
     assert t.device.type == "neuron" and t.data_ptr() == ptr
     torch.testing.assert_close(t.cpu(), torch.arange(6.))
-    cpu = torch.ones(3)  # the group accepts CPU tensors too (compiled graphs pass aliases)
-    dist.all_reduce(cpu)
     out = torch.empty(6, device="neuron")
     dist.all_gather_into_tensor(out, t)
     with pytest.raises(ValueError, match="numel"):
         dist.all_gather_into_tensor(torch.empty(5, device="neuron"), t)
-    with pytest.raises(NotImplementedError, match="only even splits"):
+    with pytest.raises(NotImplementedError, match="Only even split sizes are supported"):
         dist.all_to_all_single(out, out, [2, 4], [3, 3])
     with pytest.raises(ValueError, match="all_to_all supports only even splits"):
         dist.all_to_all([torch.empty(2, device="neuron")], [torch.empty(3, device="neuron")])
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: dist.all_reduce(t),
+    lambda t: dist.broadcast(t, 0, async_op=True),
+    lambda t: dist.all_gather_into_tensor(torch.empty(3, device="neuron"), t),
+    lambda t: dist.all_to_all_single(torch.empty(3, device="neuron"), t),
+], ids=["all_reduce", "broadcast_async", "all_gather_into_tensor", "all_to_all_single"])
+def test_cpu_tensors_are_rejected_as_torchneuron_does(single_rank, call):
+    """TorchNeuron's collectives take neuron tensors: a CPU one is a ValueError naming its
+    device and the fix, raised before anything is sent."""
+    with pytest.raises(ValueError, match=r"Expected neuron device, got cpu.*\.to\(\"neuron\"\)"):
+        call(torch.ones(3))
+
+
+def test_work_sequence_numbers_count_the_groups_collectives(single_rank):
+    works = [dist.all_reduce(torch.ones(2, device="neuron"), async_op=True) for _ in range(3)]
+    works.append(dist.broadcast(torch.ones(2, device="neuron"), 0, async_op=True))
+    assert isinstance(works[0], dist.Work) and type(works[0]).__name__ == "NeuronWork"
+    seqs = [w.get_sequence_number() for w in works]
+    assert seqs == list(range(seqs[0], seqs[0] + 4)), seqs
+    for w in works:
+        w.wait()
+
+
+def test_object_collectives_and_barrier_use_neuron_tensors(single_rank):
+    """PyTorch picks the group's device for object collectives: neuron (CPU is refused)."""
+    got: list[object] = [None]
+    dist.all_gather_object(got, {"rank": 0})
+    objs: list[object] = ["x"]
+    dist.broadcast_object_list(objs, src=0)
+    dist.barrier()
+    assert got == [{"rank": 0}] and objs == ["x"]
 
 
 def test_compiled_ddp_and_functional_collectives_trace_the_group(single_rank):
@@ -146,6 +180,17 @@ def test_too_many_ranks_per_node_is_a_clear_error(fresh_python):
     assert "5 ranks on this node" in r.stderr and "4 logical NeuronCores" in r.stderr
 
 
+def test_more_than_one_core_per_rank_is_torchneurons_error(fresh_python):
+    """Visible cores set after `import torch` (as a spawned worker does) still count."""
+    r = fresh_python("""
+        import os, torch, neuronlocal.distributed as d
+        os.environ["NEURON_RT_VISIBLE_CORES"] = "0,1"
+        d.bind_rank()
+    """, env={"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NEURON_RT_VISIBLE_CORES": ""})
+    assert r.returncode != 0
+    assert "more than one device per process" in r.stderr and "names 2 cores" in r.stderr
+
+
 def test_rank_binds_to_its_core(fresh_python):
     r = fresh_python("""
         import os, torch, neuronlocal.distributed as d
@@ -164,13 +209,30 @@ def test_collectives_on_four_ranks(tmp_path):
         assert res.pop("device") == f"neuron:{rank}"
         assert res.pop("visible") == str(rank)
         assert res.pop("backend") == "neuron"
-        assert "only even splits" in res.pop("uneven_error")
+        assert "Only even split sizes are supported" in res.pop("uneven_error")
         failed = [k for k, v in res.items() if v is not True]
         assert not failed, f"rank {rank}: {failed}"
         if rank == 1:
             assert "send_recv" in res
         if rank == 0:
             assert {"reduce", "gather"} <= set(res)
+
+
+def test_torchneuron_group_contract_and_spmd_cache_keys_on_two_ranks(tmp_path):
+    r = torchrun(["contract", "--out", str(tmp_path)], 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = results(tmp_path, "contract", 2)
+    for rank, got in enumerate(res):
+        assert got["name"] == "neuron"
+        assert got["seq"] == sorted(set(got["seq"])) and len(got["seq"]) == 3, got["seq"]
+        assert got["cpu_error"].startswith("ValueError: neuron backend: Expected neuron device, "
+                                           "got cpu"), got["cpu_error"]
+        for how in ("uneven_eager", "uneven_compiled"):
+            assert got[how].startswith("NotImplementedError") and \
+                "Only even split sizes are supported" in got[how], (rank, how, got[how])
+        assert got["objects"] == [{"rank": 0}, {"rank": 1}]
+    # One graph compiled on both ranks (each on its own core): one key, the same on both.
+    assert len(res[0]["keys"]) == 1 and res[0]["keys"] == res[1]["keys"], res
 
 
 def test_sync_batch_norm_trains_on_two_ranks(tmp_path):

@@ -31,11 +31,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import types
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,8 @@ FORMAT = 2
 # before a fix are never served.
 INDUCTOR_DIR = f"inductor-{LOWERING_FIXES}"
 _KEY = re.compile(r"^[0-9a-f]{16,64}$")
+# `device(type='neuron', index=3)` and `'neuron:3'` in graph code, with the core index.
+_CORE_INDEX = re.compile(r"(device\(type='neuron'), index=\d+(?=\))|(?<=neuron):\d+")
 MAX_ENTRY_BYTES = 2**20  # an entry names a graph's artifact files and their digests
 
 
@@ -426,9 +430,50 @@ def graph_key(code: str, inputs_meta: list[Any], extra: dict[str, Any]) -> str:
 
     from neuronlocal.core import VERSION
 
+    # Each rank runs on its own core: the key names the device type, not the core, so SPMD
+    # ranks compiling one graph share its key (and its cache entry), as on Trainium.
+    code = _CORE_INDEX.sub(r"\1", code)
     h = hashlib.sha256()
     for part in (code, repr(inputs_meta), repr(sorted(extra.items())), torch.__version__,
                  VERSION, str(FORMAT), str(LOWERING_FIXES)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:40]
+
+
+class ArtifactType(Enum):
+    """The kinds of compiled artifact whose cache keys a process tracks (TorchNeuron's
+    MegaCache artifact types; a compiled graph here is one NEFF there)."""
+
+    NEURON_NEFF = "neuron_neff"
+
+
+_compiled_keys: dict[ArtifactType, set[str]] = {t: set() for t in ArtifactType}
+_keys_lock = threading.Lock()
+
+
+def _keys_of(artifact_type: ArtifactType) -> set[str]:
+    if not isinstance(artifact_type, ArtifactType):
+        raise KeyError(f"unknown artifact type {artifact_type!r}: pass one of "
+                       f"{[str(t) for t in ArtifactType]}")
+    return _compiled_keys[artifact_type]
+
+
+def add_compiled_cache_key(key: str) -> None:
+    """Records the key of a graph this process compiled or took from the cache."""
+    with _keys_lock:
+        _compiled_keys[ArtifactType.NEURON_NEFF].add(key)
+
+
+def get_compiled_cache_keys(artifact_type: ArtifactType) -> frozenset[str]:
+    """The cache keys of the graphs compiled in this process since the last clear. A graph's
+    key depends on the graph alone, not the rank, so SPMD ranks list the same keys."""
+    with _keys_lock:
+        return frozenset(_keys_of(artifact_type))
+
+
+def clear_compiled_cache_keys(artifact_type: ArtifactType | None = None) -> None:
+    """Forgets the tracked keys of one artifact type, or of all (None)."""
+    with _keys_lock:
+        for t in ArtifactType if artifact_type is None else (artifact_type,):
+            _keys_of(t).clear()

@@ -29,7 +29,7 @@ from torch import fx
 from neuronlocal import _C
 from neuronlocal.compile.aot import autocopied, compile_parts
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
-from neuronlocal.compile.cache import NeffCache, graph_key, inductor_dirs
+from neuronlocal.compile.cache import NeffCache, add_compiled_cache_key, graph_key, inductor_dirs
 from neuronlocal.compile.flex import decompose as decompose_flex
 from neuronlocal.compile.lowering import lowering_fixes, optlevel_patches, stock_compile_fx
 from neuronlocal.core import dynamo_metrics as metrics
@@ -177,6 +177,7 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
                  config_patches: dict[str, Any] | None) -> Callable[..., Any]:
     from torch._functorch import config as functorch_config
     from torch._guards import TracingContext, tracing
+    from torch._inductor import config as inductor_config
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -200,8 +201,11 @@ def _compile_cpu(cpu_gm: fx.GraphModule, examples: list[Any],
             node.meta["val"] = x
     # The backward compiles with the forward, under the graph's lock, so a concurrent
     # process finds a complete cache entry and never compiles the same backward again.
+    # Random ops run ATen's kernels (`fallback_random`): TorchNeuron draws a compiled graph's
+    # random masks outside it with the eager generator, so a seed gives eager's numbers.
     with tracing(TracingContext(fake_mode)), lowering_fixes(), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True):
+            functorch_config.patch(force_non_lazy_backward_lowering=True), \
+            inductor_config.patch(fallback_random=True):
         return stock_compile_fx()(cpu_gm, fakes, config_patches=config_patches or None)
 
 
@@ -226,6 +230,7 @@ def _has_collectives(gm: fx.GraphModule) -> bool:
 def _record(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
             graph_id: int, name: str, seconds: float, cache_state: str, key: str, kind: str,
             extra: dict[str, Any]) -> None:
+    add_compiled_cache_key(key)
     shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
     dtypes = [str(x.dtype) for x in example_inputs if isinstance(x, torch.Tensor)]
     metrics.record(metrics.GraphRecord(graph_id, name, options.get("model_name"),

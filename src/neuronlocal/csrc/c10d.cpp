@@ -17,6 +17,7 @@
 
 #include <ATen/ThreadLocalPythonObjects.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/extension.h>
 
 #include <atomic>
@@ -147,10 +148,14 @@ struct NoPythonObjects {
   NoPythonObjects& operator=(const NoPythonObjects&) = delete;
 };
 
+// A collective's tensor as gloo takes it. CPU tensors are TorchNeuron's error (its collectives
+// take device tensors only), except while compiled code runs: a compiled graph runs on CPU
+// aliases of its neuron inputs (host_core() is set then) and its collectives pass those.
 at::Tensor host(const at::Tensor& t) {
   if (t.device().type() == kNeuron) return cpu_alias(t);
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "neuron backend: collectives take neuron or CPU tensors, "
-                    "got one on ", t.device(), ". Move it to neuron first (.to(\"neuron\")).");
+  TORCH_CHECK_VALUE(t.device().is_cpu() && host_core() >= 0, "neuron backend: Expected neuron "
+                    "device, got ", t.device().type(), ": collectives of the neuron process "
+                    "group take neuron tensors. Move the tensor first (t.to(\"neuron\")).");
   return t;
 }
 
@@ -206,9 +211,12 @@ int64_t nbytes(const std::vector<at::Tensor>& ts) {
 class NeuronWork : public Work {
  public:
   NeuronWork(std::vector<WorkPtr> inner, std::vector<at::Tensor> result,
-             std::shared_ptr<const Where> where, const char* what, OpType type)
+             std::shared_ptr<const Where> where, const char* what, OpType type, uint64_t seq)
       : Work(where->rank, type), inner_(std::move(inner)), result_(std::move(result)),
-        where_(std::move(where)), what_(what) {}
+        where_(std::move(where)), what_(what), seq_(seq) {}
+
+  // The group's collective count when this one was issued: 0, 1, 2, ... per group.
+  uint64_t getSequencenumber() const override { return seq_; }
 
   bool isCompleted() override {
     for (auto& w : inner_) if (!w->isCompleted()) return false;
@@ -280,6 +288,7 @@ class NeuronWork : public Work {
   std::vector<at::Tensor> result_;
   std::shared_ptr<const Where> where_;
   const char* what_;
+  uint64_t seq_;
   std::mutex future_mu_;
   c10::intrusive_ptr<Future> future_;
 };
@@ -364,7 +373,8 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr endCoalescing() override {
     coalescing_ = false;
     return c10::make_intrusive<NeuronWork>(std::move(coalesced_), std::move(coalesced_result_),
-                                           where_, "coalesced collectives", OpType::COALESCED);
+                                           where_, "coalesced collectives", OpType::COALESCED,
+                                           seq_++);
   }
 
   WorkPtr allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
@@ -502,8 +512,8 @@ class NeuronBackend : public c10d::Backend {
   }
   WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
                         std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
-    even_splits("input", in, in_splits);
     even_splits("output", out, out_splits);
+    even_splits("input", in, in_splits);
     check("all_to_all_single", {in});
     return issue("all_to_all_single", OpType::ALLTOALL_BASE, {out}, [&] {
       auto ao = host(out);
@@ -580,7 +590,7 @@ class NeuronBackend : public c10d::Backend {
     record(what, nbytes(result));
     if (coalescing_) coalesced_result_.insert(coalesced_result_.end(), result.begin(), result.end());
     auto work = c10::make_intrusive<NeuronWork>(std::move(inner), std::move(result), where_, what,
-                                                type);
+                                                type, seq_++);
     if (coalescing_) coalesced_.push_back(work);
     return work;
   }
@@ -625,9 +635,10 @@ class NeuronBackend : public c10d::Backend {
     if (!splits.empty()) {
       bool even = static_cast<int>(splits.size()) == size_ &&
                   std::all_of(splits.begin(), splits.end(), [&](int64_t s) { return s == splits[0]; });
-      TORCH_CHECK_NOT_IMPLEMENTED(even, "neuron backend: all_to_all_single supports only even "
-                                  "splits (a TorchNeuron limitation), got ", name, "_split_sizes=",
-                                  c10::IntArrayRef(splits), " for world size ", size_, ". Pad every chunk to ",
+      TORCH_CHECK_NOT_IMPLEMENTED(even, "neuron backend: all_to_all_single: Only even split "
+                                  "sizes are supported (as TorchNeuron). Got ", name,
+                                  "_split_sizes: ", c10::IntArrayRef(splits), " for world size ",
+                                  size_, ". Pad every chunk to ",
                                   *std::max_element(splits.begin(), splits.end()),
                                   " rows and pass equal splits (or None).");
       return;
@@ -643,8 +654,25 @@ class NeuronBackend : public c10d::Backend {
   int record_rank_;
   bool checks_;
   bool coalescing_ = false;
+  std::atomic<uint64_t> seq_{0};
   std::vector<WorkPtr> coalesced_;
   std::vector<at::Tensor> coalesced_result_;
+};
+
+// The group Python sees: a stock c10d::ProcessGroup (the type Dynamo traces) named after
+// TorchNeuron's backend. Its backend also serves CPU tensors, for the CPU aliases compiled
+// graphs pass, but the group lists only `neuron` as its device, as TorchNeuron's does, so
+// PyTorch's object collectives and barrier use neuron tensors.
+class NeuronGroup : public c10d::ProcessGroup {
+ public:
+  NeuronGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+              const c10::intrusive_ptr<c10d::Backend>& backend)
+      : ProcessGroup(store, rank, size) {
+    setDefaultBackend(BackendType::CUSTOM);
+    for (auto type : {kNeuron, c10::DeviceType::CPU}) setBackend(type, BackendType::CUSTOM, backend);
+    deviceTypes_.erase(c10::DeviceType::CPU);
+  }
+  const std::string getBackendName() const override { return "neuron"; }
 };
 
 }  // namespace
@@ -657,6 +685,23 @@ void bind_c10d(py::module_& m) {
                                                     std::move(timeout), checks);
         },
         "the neuron c10d backend over an inner gloo backend");
+  m.def("_c10d_group",
+        [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+           const c10::intrusive_ptr<c10d::Backend>& backend) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+          return c10::make_intrusive<NeuronGroup>(store, rank, size, backend);
+        },
+        "the process group over a neuron backend");
+  m.def("_c10d_register_work",
+        [](py::module_ mod) {
+          static bool done = false;  // called with the GIL held, after torch registers Work
+          if (done) return;
+          done = true;
+          py::class_<NeuronWork, c10d::Work, c10::intrusive_ptr<NeuronWork>>(
+              mod, "NeuronWork", "A collective of the neuron backend, as TorchNeuron's Work")
+              .def("get_sequence_number", &NeuronWork::getSequencenumber,
+                   "the group's collective count when this one was issued (0, 1, 2, ...)");
+        },
+        "gives the backend's works their Python type, once torch.distributed's Work exists");
   m.def("_c10d_set_hooks",
         [](py::object record, py::object error_class) {
           if (g_record == nullptr) g_record = new py::object(std::move(record));  // never freed

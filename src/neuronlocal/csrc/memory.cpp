@@ -348,6 +348,8 @@ c10::DeviceIndex set_host_core(c10::DeviceIndex index) {
   return prev;
 }
 
+c10::DeviceIndex host_core() { return t_host_core; }
+
 c10::Allocator* allocator() {
   static auto* a = new NeuronAllocator();  // leaked: frees can run during interpreter shutdown
   return a;

@@ -100,6 +100,8 @@ void empty_cache(c10::DeviceIndex index);
 // core. install_host_allocator() puts the counting wrapper in front of the CPU allocator.
 void install_host_allocator();
 c10::DeviceIndex set_host_core(c10::DeviceIndex index);
+// The core set by set_host_core on this thread (-1: none, i.e. no compiled code is running).
+c10::DeviceIndex host_core();
 // Live bytes on a core over time, for the report: (seconds since start, bytes) samples.
 std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index);
 void set_timeline(bool on);

@@ -42,6 +42,7 @@ def bind_rank() -> None:
     check_available()  # a bad neuron environment variable: its one-line error, not gloo's
     if _bound:
         return
+    _one_core_per_rank()
     raw = os.environ.get("LOCAL_RANK")
     if raw in (None, ""):
         _bound = True  # not launched by torchrun: the script picks its device
@@ -73,6 +74,21 @@ def bind_rank() -> None:
     if env_str("NEURON_RT_VISIBLE_CORES") is None:
         os.environ["NEURON_RT_VISIBLE_CORES"] = str(prof.visible[index])
     _bound = True
+
+
+def _one_core_per_rank() -> None:
+    """TorchNeuron's group init allows one device per process: NEURON_RT_VISIBLE_CORES, when
+    set (also after `import torch`, as a spawned worker does), must name a single core."""
+    from neuronlocal.core import hardware, state
+    from neuronlocal.core.config import env_str
+
+    raw = env_str("NEURON_RT_VISIBLE_CORES")
+    if raw and len(cores := hardware.parse_visible(raw, state.profile.total_cores)) > 1:
+        raise RuntimeError(
+            "neuron backend: Attempted to have more than one device per process in distributed "
+            f"setup: NEURON_RT_VISIBLE_CORES={raw} names {len(cores)} cores, and TorchNeuron "
+            "runs one rank per core. Set it to one core per rank, or leave it unset (each "
+            "rank then takes the core of its LOCAL_RANK).")
 
 
 def register() -> None:

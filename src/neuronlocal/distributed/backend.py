@@ -2,11 +2,11 @@
 
 TorchNeuron registers a process-group backend named `neuron`. The collectives live in C++
 (`csrc/c10d.cpp`, a `c10d::Backend` over an inner `ProcessGroupGloo`); this module builds
-each group. The group is a stock `ProcessGroup` with that backend registered for devices
-`neuron` and `cpu`, never a Python subclass: Dynamo traces only the stock type (compiled
-DDP, FSDP2 and TP need it), C++ callers (DDP's reducer, functional collectives, compiled
-graphs passing CPU aliases) reach the backend through c10d's dispatcher without the GIL,
-and the gloo threads never run Python.
+each group. The group is a stock `ProcessGroup` (made in C++, named `neuron`) with that
+backend registered for devices `neuron` and `cpu`, never a Python subclass: Dynamo traces
+only the stock type (compiled DDP, FSDP2 and TP need it), C++ callers (DDP's reducer,
+functional collectives, compiled graphs passing CPU aliases) reach the backend through
+c10d's dispatcher without the GIL, and the gloo threads never run Python.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
@@ -39,21 +38,22 @@ def checks_enabled() -> bool:
 
 
 def install_hooks() -> None:
-    """Hands the C++ backend the report hook and the error class (once per process)."""
+    """Hands the C++ backend the report hook and the error class, and gives its works their
+    Python type (TorchNeuron's `NeuronWork`, with `get_sequence_number()`), once per process."""
     _C._c10d_set_hooks(record_collective, NeuronCollectiveError)
+    _C._c10d_register_work(_C)
 
 
 def make_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroup:
-    """A stock ProcessGroup whose neuron and CPU collectives run on the C++ neuron backend."""
+    """A stock ProcessGroup named `neuron` whose collectives run on the C++ neuron backend.
+
+    Its device list is `neuron` alone, as TorchNeuron's; CPU tensors are taken only from
+    compiled graphs (their CPU aliases) and are otherwise TorchNeuron's ValueError."""
     gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
     # The run report is per process: count under the job's rank, not the subgroup's.
     record_rank = dist.get_rank() if dist.is_initialized() else rank
     backend = _C._c10d_backend(gloo, rank, size, record_rank, str(timeout), checks_enabled())
-    pg = ProcessGroup(store, rank, size)
-    pg._set_default_backend(ProcessGroup.BackendType.CUSTOM)
-    for device in ("neuron", "cpu"):
-        pg._register_backend(torch.device(device), ProcessGroup.BackendType.CUSTOM, backend)
-    return pg
+    return _C._c10d_group(store, rank, size, backend)
 
 
 def make_creator(bind: Callable[[], None]) -> Callable[..., ProcessGroup]:

@@ -1,4 +1,5 @@
-"""TorchNeuron's `torch_neuronx.neuron_dynamo_backend` helper API."""
+"""TorchNeuron's `torch_neuronx.neuron_dynamo_backend` helper API (a package there too: its
+cache-key API lives in the `compile` and `cache_artifact` submodules)."""
 
 from __future__ import annotations
 

@@ -39,6 +39,21 @@ def fresh_python():
     return run_python
 
 
+@pytest.fixture
+def isolated_compile(tmp_path, monkeypatch):
+    """A private NEFF cache and fresh Dynamo and graph records, for tests that compile."""
+    from neuronlocal.compile.static import _CACHE
+    from neuronlocal.core import dynamo_metrics as metrics
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
+    torch._dynamo.reset()
+    metrics.reset_dynamo_metrics()
+    _CACHE.memory.clear()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture(autouse=True)
 def _reset_tracking():
     torch_neuronx = pytest.importorskip("torch_neuronx")

@@ -15,22 +15,10 @@ import torch
 from torch import nn
 
 from neuronlocal import _C
-from neuronlocal.core import dynamo_metrics as metrics
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("isolated_compile")]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
-    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(tmp_path / "locks"))
-    torch._dynamo.reset()
-    metrics.reset_dynamo_metrics()
-    from neuronlocal.compile.static import _CACHE
-
-    _CACHE.memory.clear()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture
@@ -242,106 +230,6 @@ def test_default_backend_leaves_cpu_graphs_to_inductor():
 def test_output_moved_to_cpu_stays_on_cpu():
     out = torch.compile(lambda a: (a + 1).cpu(), backend="neuron")(torch.ones(2, device="neuron"))
     assert out.device.type == "cpu" and out.tolist() == [2.0, 2.0]
-
-
-def _flex_reference(q, k, v):
-    """Causal attention with a relative-position bias in plain ops on CPU (PyTorch's own
-    FlexAttention refuses CPU backward); kv heads repeated for grouped-query attention."""
-    k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
-    i = torch.arange(q.size(2))
-    bias = (i[:, None] - i[None, :]).float() * 0.1
-    scores = q @ k.transpose(-1, -2) / q.size(-1) ** 0.5 + bias
-    return scores.masked_fill(i[:, None] < i[None, :], float("-inf")).softmax(-1) @ v
-
-
-def test_flex_attention_eager_keeps_pytorch_error():
-    """Outside torch.compile FlexAttention does not run on neuron (nor on TorchNeuron)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    q = torch.randn(1, 2, 16, 8, device="neuron")
-    with pytest.raises(ValueError, match="FlexAttention is only supported on"):
-        flex_attention(q, q, q)
-
-
-@pytest.mark.parametrize("compiler", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
-def test_flex_attention_compiled_fwd_bwd_match_cpu(monkeypatch, compiler):
-    """Compiled FlexAttention (score_mod, causal block mask, grouped-query heads) runs on
-    neuron, forward and backward, as the plain computation on CPU; the default compiler runs
-    its ops through the eager path, and the estimate costs it as attention."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    import torch_neuronx
-
-    monkeypatch.setenv("NEURONLOCAL_COMPILER", compiler)
-    torch.manual_seed(0)
-    cpu = [torch.randn(1, h, 16, 8, requires_grad=True) for h in (4, 2, 2)]
-    dev = [t.detach().to("neuron").requires_grad_() for t in cpu]
-    mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, None, 16, 16, device="neuron")
-
-    def bias(score, b, h, q, kv):
-        return score + (q - kv).to(score.dtype) * 0.1
-
-    torch_neuronx.clear_op_tracking()
-    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, score_mod=bias, block_mask=mask,
-                                                      enable_gqa=True), backend="neuron")
-    out = fn(*dev)
-    out.square().sum().backward()
-    ref = _flex_reference(*cpu)
-    ref.square().sum().backward()
-    torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
-    for d, c in zip(dev, cpu, strict=True):
-        torch.testing.assert_close(d.grad.cpu(), c.grad, atol=1e-5, rtol=1e-5)
-    (record,) = torch.neuron.get_dynamo_metrics()["graphs"]
-    assert record["extra"]["compiler"] == compiler
-    if compiler == "eager":
-        assert {"aten::bmm", "aten::_softmax"} <= set(torch_neuronx.get_executed_ops())
-    estimate = record["estimate"]
-    assert "not_estimated" not in estimate and estimate["backward_tensor_flops"] > 0
-    assert estimate["top_nodes"][0]["node"] == "flex_attention"
-
-
-def test_flex_attention_compiled_under_autocast():
-    """Under torch.autocast("neuron", bfloat16) compiled FlexAttention computes in bfloat16
-    (as PyTorch's CPU and CUDA autocast kernels of the operator) and its backward runs."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    torch.manual_seed(0)
-    cpu = [torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(3)]
-    dev = [t.detach().to("neuron").requires_grad_() for t in cpu]
-    mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, None, 16, 16, device="neuron")
-    fn = torch.compile(lambda q, k, v: flex_attention(q, k, v, block_mask=mask,
-                                                      score_mod=lambda s, b, h, q, kv: s),
-                       backend="neuron")
-    with torch.autocast("neuron", dtype=torch.bfloat16):
-        out = fn(*dev)
-    assert out.dtype == torch.bfloat16
-    out.float().sum().backward()
-    ref = torch.nn.functional.scaled_dot_product_attention(*cpu, is_causal=True)
-    ref.sum().backward()
-    torch.testing.assert_close(out.float().cpu(), ref, atol=3e-2, rtol=3e-2)
-    for d, c in zip(dev, cpu, strict=True):
-        torch.testing.assert_close(d.grad.cpu(), c.grad, atol=6e-2, rtol=6e-2)
-
-
-def test_dense_flex_attention_matches_the_operator_and_masks_rows_safely():
-    """Inductor's stand-in for FlexAttention: the operator's output, log-sum-exp and row max;
-    a row that masks every key gives zeros, -inf and finite gradients."""
-    from torch._higher_order_ops.flex_attention import sdpa_dense
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    from neuronlocal.compile.flex import dense_flex_attention
-
-    q, k, v = (torch.randn(2, 2, 8, 4) for _ in range(3))
-    mask = create_block_mask(lambda b, h, i, j: (i >= j) & (i > 0), 2, 2, 8, 8, device="cpu")
-    args = (lambda s, b, h, i, j: s * 0.5, mask.as_tuple(), 0.5, {})
-    for got, want in zip(dense_flex_attention(q, k, v, *args), sdpa_dense(q, k, v, *args),
-                         strict=True):
-        torch.testing.assert_close(got, want)
-    q.requires_grad_()
-    out, lse, _ = dense_flex_attention(q, k, v, *args)
-    assert out[:, :, 0].eq(0).all() and lse[:, :, 0].eq(float("-inf")).all()
-    (out.sum() + lse[:, :, 1:].sum()).backward()
-    assert q.grad.isfinite().all()
 
 
 def test_dynamo_device_interface():

@@ -80,10 +80,10 @@ sdpa_overrideable(const at::Tensor& query, const at::Tensor& key, const at::Tens
   auto seed = at::zeros({}, q.options().dtype(at::kLong));
   if (dropout_p > 0) {
     auto [p, l] = probabilities(q, k, bias, is_causal, scale_of(q, scale));
-    auto& gen = default_generator(idx);
     {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      seed.fill_(static_cast<int64_t>(gen.get<at::CPUGeneratorImpl>()->random64() >> 1));
+      Draw draw(default_generator(idx));  // the core's generator, its offset advanced
+      seed.fill_(static_cast<int64_t>(
+          draw.generator().get<at::CPUGeneratorImpl>()->random64() >> 1));
     }
     out = at::matmul(p.mul_(keep_mask(p, dropout_p, seed.item<int64_t>())), v.to(at::kFloat))
               .to(q.scalar_type());

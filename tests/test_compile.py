@@ -612,3 +612,20 @@ def test_tensor_subclass_inputs_are_desugared(monkeypatch, inductor, flags):
         fresh = TwoTensor(x.a.detach(), x.b.detach())
         torch.testing.assert_close(compiled(fresh, nw.detach()).a.cpu(), ref.a.detach())
     assert torch.neuron.get_dynamo_metrics()["graphs"][-1]["extra"]["part"] == "inference"
+
+
+def test_compiled_backward_takes_a_kernel_layout_the_trace_did_not_predict():
+    """softplus_backward on CPU keeps its gradient's transposed layout where the traced
+    strides say contiguous; the view that follows must still run (as hybrid-attention
+    models' gates need at a new sequence length)."""
+    w = torch.randn(2, 4, 7)
+
+    def f(a):
+        y = torch.nn.functional.softplus(a.view(2, 7, 4))
+        return (y.transpose(1, 2) * w.to(a.device)).sum()
+
+    cpu = torch.randn(14, 4, requires_grad=True)
+    dev = cpu.detach().to("neuron").requires_grad_()
+    torch.compile(f, backend="neuron")(dev).backward()
+    f(cpu).backward()
+    torch.testing.assert_close(dev.grad.cpu(), cpu.grad)

@@ -89,11 +89,29 @@ def _neuron_rng_wrappers() -> None:
     save._neuronlocal = True
 
 
+def _layout_free_views(gm: fx.GraphModule) -> None:
+    """Views of the ATen graph become reshapes. The graph's strides come from the trace
+    (meta kernels and decompositions), and a CPU kernel may return another layout for the
+    same inputs (softplus_backward keeps its gradient's transposed layout where the trace
+    says contiguous), so a traced `view` can fail at run time. The graphs are functional
+    (no op mutates an intermediate, AOTAutograd rebuilds aliased outputs itself), so a
+    reshape is the same computation: a view where the layout allows, else a copy."""
+    views = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in views:
+            node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def _runner(part: str, sizes: dict[str, int]) -> Callable[..., Any]:
     def compile_part(inner: fx.GraphModule, examples: Sequence[Any]) -> Callable[..., Any]:
         from torch._functorch.aot_autograd import make_boxed_func
 
         sizes[part] = len(inner.graph.nodes)
+        _layout_free_views(inner)
         return make_boxed_func(inner.forward)  # AOTAutograd calls parts with one list
     return compile_part
 

@@ -329,8 +329,11 @@ def test_generate_around_compiled_model_and_weight_loads_are_counted(tiny_dir: P
     before = count("hf_generate_bypassed_compile")
     model.generate(ids, max_new_tokens=2, do_sample=False)  # no wrapper: nothing to say
     assert count("hf_generate_bypassed_compile") == before
-    other = transformers.LlamaForCausalLM(_cfg()).to("neuron").eval()
+    other = transformers.LlamaForCausalLM(_cfg()).eval()
     compiled = torch.compile(other, backend="neuron")
+    compiled.generate(ids.cpu(), max_new_tokens=2, do_sample=False)  # CPU: not neuron's cost
+    assert count("hf_generate_bypassed_compile") == before
+    other.to("neuron")
     out = compiled.generate(ids, max_new_tokens=2, do_sample=False)
     assert out.shape == (1, 5) and count("hf_generate_bypassed_compile") == before + 1
     compiled.generate(ids, max_new_tokens=2, do_sample=False)  # once per model

@@ -78,6 +78,20 @@ def test_hybrids_keep_attention_and_moe_layers():
     assert mixed.first_k_dense_replace == mixed.mlp_layer_types.count("dense")
 
 
+def test_an_index_list_that_names_every_layer_is_one_kind():
+    """Llama 4 lists every layer in `moe_layers` and LFM2 in `full_attn_idxs`: read as one
+    value per layer, each of the 48 (32) layers would be a kind of its own and none dropped."""
+    llama4 = tiny.shrink(transformers.CONFIG_MAPPING["llama4_text"]())
+    assert llama4.num_hidden_layers == 2
+    assert llama4.moe_layers == [0, 1]  # still every layer, remapped
+    assert set(llama4.layer_types) == {"chunked_attention", "full_attention"}
+    lfm2 = tiny.shrink(transformers.CONFIG_MAPPING["lfm2"](), min_layers=1)
+    assert lfm2.num_hidden_layers == 1 and lfm2.full_attn_idxs == [0]
+    # a per-layer value list under an index-named key still reads as values
+    assert tiny._per_layer_lists({"no_rope_layers": [1, 0, 1]}, 3) == {
+        "no_rope_layers": [1, 0, 1]}
+
+
 def test_head_dims_stay_consistent():
     mla = tiny.shrink(transformers.CONFIG_MAPPING["deepseek_v2"]())
     assert mla.qk_head_dim == mla.qk_nope_head_dim + mla.qk_rope_head_dim
@@ -356,6 +370,13 @@ def test_results_are_written_after_every_row(tmp_path, monkeypatch):
     counts = data["summary"]["counts"]
     assert (counts["pass"], counts["timeout"]) == (1, 1)
     assert counts["not-run"] == len(data["models"]) - 2
+
+
+def test_rows_run_most_used_first_then_longest_first():
+    archs = [("zamba", "Z"), ("llama", "L"), ("cohere", "C"), ("afmoe", "A"), ("gpt2", "G")]
+    took = {"zamba": 60.0, "cohere": 5.0, "llama": 1.0, "gpt2": 9.0}
+    assert [mt for mt, _ in matrix.run_order(archs, took)] == [
+        "llama", "gpt2", "zamba", "cohere", "afmoe"]
 
 
 def test_rerunning_chosen_rows_keeps_the_sweeps_run_record(tmp_path, monkeypatch):

@@ -71,6 +71,8 @@ def get_model_name() -> str | None:
 
 
 def next_graph_id() -> int:
+    """The id the next graph gets: the number of graphs recorded so far. Counting with it
+    costs nothing, where `get_dynamo_metrics()` computes every pending estimate."""
     with _lock:
         return len(_records)
 

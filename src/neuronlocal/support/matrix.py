@@ -278,6 +278,15 @@ def merge_run(previous: dict[str, Any], this: dict[str, Any], resumed: bool) -> 
     return merged
 
 
+def run_order(archs: Iterable[tuple[str, str]], took: dict[str, float]
+              ) -> list[tuple[str, str]]:
+    """FIRST's rows in its order, then the rest longest first by `took` (seconds a row took
+    last time, unknown as 0), so a sweep does not end with one job on a long row while the
+    others idle."""
+    return sorted(archs, key=lambda a: (FIRST.index(a[0]) if a[0] in FIRST else len(FIRST),
+                                        -took.get(a[0], 0.0), a[0]))
+
+
 def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
                only: Iterable[str] | None = None, force: bool = False,
                max_memory: float = 6 * GiB) -> dict[str, Any]:
@@ -295,14 +304,14 @@ def run_matrix(task: str, out_dir: Path, jobs: int = 1, timeout: float = 600,
     check_out_dir(out_dir)
     json_path = out_dir / f"support-{task}.json"
     rows = load(json_path)
+    took = {mt: float(row.get("seconds") or 0.0) for mt, row in rows.items()}
     if force:  # rerun the selected architectures, keep the other rows
         for model_type, _ in archs:
             rows.pop(model_type, None)
     for mt, arch in architectures(task):  # every architecture has a row, run or not
         rows.setdefault(mt, {"model_type": mt, "architecture": arch, "status": NOT_RUN,
                              "modes": {}, "seconds": 0.0})
-    todo = sorted((a for a in archs if rows[a[0]].get("status") not in DONE),
-                  key=lambda a: (FIRST.index(a[0]) if a[0] in FIRST else len(FIRST), a[0]))
+    todo = run_order([a for a in archs if rows[a[0]].get("status") not in DONE], took)
     threads = max(1, (os.cpu_count() or 1) // jobs)  # rows side by side share the cores
     this = {"jobs": jobs, "threads_per_row": threads, "timeout": timeout,
             "max_memory_gib": max_memory / GiB,

@@ -5,11 +5,12 @@
 and on neuron: eager forward + backward and one AdamW step (two layers of each kind);
 compiled forward (backend neuron) and then `shapes`, the same compiled model's forward +
 backward at a new input size, where Dynamo recompiles with symbolic sizes as in a job whose
-sequence length changes (one layer of each kind: compile time grows with depth, what is
-tested does not); static-cache `generate()` (auto-compiled on neuron). Outputs, losses,
-gradients, tokens and parameters are compared, and compiled modes count their graphs. A
-mode that fails on CPU too is not held against neuron, and a model that cannot be built is
-its own status: nothing ran, so nothing is blamed on neuron.
+sequence length changes; static-cache `generate()`, whose decode graphs auto-compile on
+neuron (compiled modes build one layer of each kind: compile time grows with depth, what is
+tested does not). Outputs, losses, gradients, tokens and parameters are compared, and
+compiled modes count their graphs. A mode that fails on CPU too is not held against neuron,
+and a model that cannot be built is its own status: nothing ran, so nothing is blamed on
+neuron.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, cast
 import torch
 
 from neuronlocal import device as neuron
+from neuronlocal.core import dynamo_metrics
 
 MODES = ("eager", "compile", "shapes", "generate", "train")  # run in this order
 TASK_MODES = {"causal-lm": MODES, "seq2seq": MODES,
@@ -239,13 +241,15 @@ def _loss(out: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _graphs() -> int:
-    return int(neuron.get_dynamo_metrics()["num_graphs"])
+    """Graphs compiled so far; their Trainium estimates are not computed (nothing reads them)."""
+    return dynamo_metrics.next_graph_id()
 
 
 class _Compiled:
-    """The model of the compile and shapes modes, built once (one layer of each kind) and
-    compiled once, as a job compiles its model: `compile` runs it at the first size under
-    no_grad, `shapes` then runs forward + backward at the second size."""
+    """The model of the compile, shapes and generate modes, built once (one layer of each
+    kind) and compiled once, as a job compiles its model: `compile` runs it at the first size
+    under no_grad, `shapes` then runs forward + backward at the second size; `generate`
+    decodes from the first size's prompt."""
 
     def __init__(self, config: Any, model_cls: Any, task: str) -> None:
         self.spec = (config, model_cls, task)
@@ -331,7 +335,7 @@ def _run_modes(rep: ModelReport, modes: tuple[str, ...], built: tuple[Any, Any, 
                                      lambda: _fwd_bwd(dev, inputs_n), 2e-3),
         "compile": lambda m: _compile(m, compiled),
         "shapes": lambda m: _shapes(m, compiled),
-        "generate": lambda m: _generate(m, cpu, dev, inputs, inputs_n),
+        "generate": lambda m: _generate(m, compiled),
         "train": lambda m: _run_mode(m, lambda: _train_step(cpu, inputs),
                                      lambda: _train_step(dev, inputs_n), 2e-3),
     }
@@ -352,7 +356,6 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     import transformers
     from transformers import CONFIG_MAPPING
 
-    from neuronlocal.core import dynamo_metrics as metrics
     from neuronlocal.eager import tracking
     from neuronlocal.support.configs import build_config
 
@@ -377,7 +380,7 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     gen = torch.Generator().manual_seed(1)
     inputs = make_inputs(cfg, task, seq if task != "image-classification" else 2, gen, cpu)
     inputs_n = _to(inputs, "neuron")
-    metrics.reset_dynamo_metrics()
+    dynamo_metrics.reset_dynamo_metrics()
     tracking.clear_op_tracking()
     neuron.reset_peak_memory_stats()
     # Random ops in compiled graphs draw from the eager generator (Inductor's parity switch),
@@ -395,20 +398,23 @@ def check_model(model_type: str, architecture: str, config: Any | None = None,
     return rep
 
 
-def _generate(m: ModeResult, cpu: torch.nn.Module, dev: torch.nn.Module,
-              inputs: dict[str, torch.Tensor], inputs_n: dict[str, torch.Tensor]) -> None:
-    def gen(model: Any, x: torch.Tensor) -> list[torch.Tensor]:
+def _generate(m: ModeResult, model: _Compiled) -> None:
+    """Static-cache generate() of the compiled modes' model (one layer of each kind: the
+    decode graphs compile on neuron) vs CPU, token for token."""
+    def gen(module: Any, x: torch.Tensor) -> list[torch.Tensor]:
         with torch.no_grad():
-            return [model.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False,
-                                   cache_implementation="static")]
+            return [module.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                                    cache_implementation="static")]
 
+    if not _built(m, model):
+        return
+    cpu, dev, ids = model.cpu, model.dev, model.batches[0]["input_ids"]
     if getattr(cpu, "_can_compile_fullgraph", True) is False:
         m.error = "unsupported: model does not support a static cache"
         return
     torch._dynamo.reset()  # a job of its own: no frame state from the compiled modes
     before = _graphs()
-    _run_mode(m, lambda: gen(cpu, inputs["input_ids"]), lambda: gen(dev, inputs_n["input_ids"]),
-              0.0)
+    _run_mode(m, lambda: gen(cpu, ids), lambda: gen(dev, ids.to("neuron")), 0.0)
     m.graphs = _graphs() - before
 
 

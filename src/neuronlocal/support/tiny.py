@@ -433,12 +433,20 @@ def _per_layer_lists(old: dict[str, Any], n: int) -> dict[str, list[Any]]:
     for key, value in old.items():
         if key in _NOT_LAYER_LISTS or not isinstance(value, list):
             continue
-        if len(value) == n and all(isinstance(x, (str, bool, int, float, type(None)))
-                                   for x in value):
-            out[key] = list(value)
-        elif value and all(_int(x) and 0 <= x < n for x in value) and _is_index_key(key):
+        if _index_list(key, value, n):
             out[key] = [i in set(value) for i in range(n)]
+        elif len(value) == n and all(isinstance(x, (str, bool, int, float, type(None)))
+                                     for x in value):
+            out[key] = list(value)
     return out
+
+
+def _index_list(key: str, value: list[Any], n: int) -> bool:
+    """A list of layer indices (`moe_layers`, `full_attn_idxs`), as opposed to one value per
+    layer: an index-named key holding increasing indices below n. One that names every layer
+    has n entries too, and read as values it would make each layer a kind of its own."""
+    return bool(value) and _is_index_key(key) and all(_int(x) and 0 <= x < n for x in value) \
+        and all(a < b for a, b in zip(value, value[1:], strict=False))
 
 
 def _layer_kinds(old: dict[str, Any], config: Any | None, n: int
@@ -524,12 +532,12 @@ def _remap_layer_fields(old: dict[str, Any], d: dict[str, Any], n: int, sel: lis
     for key, value in old.items():
         if key in _NOT_LAYER_LISTS or not isinstance(value, list):
             continue
-        if len(value) == n:
+        if _index_list(key, value, n):
+            d[key] = [j for j, i in enumerate(sel) if i in set(value)]
+        elif len(value) == n:
             cur = d.get(key)
             src = cur if isinstance(cur, list) and len(cur) == n else value  # clamped sizes
             d[key] = [src[i] for i in sel]
-        elif value and all(_int(x) and 0 <= x < n for x in value) and _is_index_key(key):
-            d[key] = [j for j, i in enumerate(sel) if i in set(value)]
     for key in _FIRST_K:
         if _int(old.get(key)) and 0 < old[key] <= n:
             d[key] = sum(1 for i in sel if i < old[key])

@@ -629,3 +629,54 @@ def test_compiled_backward_takes_a_kernel_layout_the_trace_did_not_predict():
     torch.compile(f, backend="neuron")(dev).backward()
     f(cpu).backward()
     torch.testing.assert_close(dev.grad.cpu(), cpu.grad)
+
+
+def test_an_inference_graph_updates_its_input_in_place():
+    """A static-cache update (`cache.index_copy_`) runs in place in the compiled graph, as
+    Trainium aliases the output to the input: no second buffer the cache's size is live
+    during the call, and the values are eager's."""
+    cache = torch.zeros(64, 4096, device="neuron")  # 1 MiB
+    idx = torch.tensor([3], device="neuron")
+
+    def step(cache, idx, new):
+        cache.index_copy_(0, idx, new)
+        return cache[:8].sum(dim=0)
+
+    compiled = torch.compile(step, backend="neuron")
+    with torch.no_grad():
+        compiled(cache, idx, torch.ones(1, 4096, device="neuron"))  # compile
+        base = torch.neuron.memory_allocated()
+        torch.neuron.reset_peak_memory_stats()
+        out = compiled(cache, idx, torch.full((1, 4096), 2.0, device="neuron"))
+    assert torch.neuron.max_memory_allocated() - base < cache.numel() * 4 // 2
+    ref = torch.zeros(64, 4096)
+    ref[3] = 2.0
+    torch.testing.assert_close(cache.cpu(), ref)
+    torch.testing.assert_close(out.cpu(), ref[:8].sum(dim=0))
+
+
+@pytest.mark.parametrize("case", ["read-after", "view-before", "returned"])
+def test_input_updates_stay_functional_where_in_place_would_change_the_result(case):
+    """Where an op on the input is read afterwards, a view of the input exists, or the
+    updated value is an output, the graph keeps its copy: results equal eager's."""
+    def read_after(buf, src):
+        old = buf * 1.0
+        buf.add_(src)
+        return old + buf
+
+    def view_before(buf, src):
+        head = buf[:2]
+        buf.add_(src)
+        return head * 3
+
+    def returned(buf, src):
+        return buf.add_(src)
+
+    fn = {"read-after": read_after, "view-before": view_before, "returned": returned}[case]
+    cpu_buf, src = torch.arange(8.0).reshape(4, 2), torch.ones(4, 2)
+    dev_buf = cpu_buf.to("neuron")
+    with torch.no_grad():
+        ref = fn(cpu_buf, src).clone()
+        got = torch.compile(fn, backend="neuron")(dev_buf, src.to("neuron"))
+    torch.testing.assert_close(got.cpu(), ref)
+    torch.testing.assert_close(dev_buf.cpu(), cpu_buf)

@@ -680,3 +680,23 @@ def test_input_updates_stay_functional_where_in_place_would_change_the_result(ca
         got = torch.compile(fn, backend="neuron")(dev_buf, src.to("neuron"))
     torch.testing.assert_close(got.cpu(), ref)
     torch.testing.assert_close(dev_buf.cpu(), cpu_buf)
+
+
+def test_a_view_keeps_the_traced_strides_of_its_size_one_dims():
+    """A diffusers attention block: the reshape back to (1, C, H, W) after a transposed
+    projection gives the batch-1 dim another stride at run time than in the trace, which
+    therefore left out group norm's `contiguous()`; CPU's group norm checks the layout."""
+    gn = nn.GroupNorm(8, 64)
+
+    def block(x, gn):
+        b, c, h, w = x.shape
+        y = x.view(b, c, h * w).transpose(1, 2)
+        y = nn.functional.linear(y, torch.eye(64, device=x.device))
+        y = y.transpose(-1, -2).reshape(b, c, h, w)
+        return gn((y + x) / 1.0)
+
+    x = torch.randn(1, 64, 8, 8)
+    with torch.no_grad():
+        ref = block(x, gn)
+        out = torch.compile(block, backend="neuron")(x.to("neuron"), copy.deepcopy(gn).to("neuron"))
+    torch.testing.assert_close(out.cpu(), ref)

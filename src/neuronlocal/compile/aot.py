@@ -95,14 +95,34 @@ def _layout_free_views(gm: fx.GraphModule) -> bool:
     same inputs (softplus_backward keeps its gradient's transposed layout where the trace
     says contiguous), so a traced `view` can fail at run time. The graphs are functional
     (no op mutates an intermediate, AOTAutograd rebuilds aliased outputs itself), so a
-    reshape is the same computation: a view where the layout allows, else a copy."""
+    reshape is the same computation: a view where the layout allows, else a copy. One with a
+    size-1 dim also keeps the traced strides (`_reshape_as_traced`)."""
     views = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
     changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in views:
-            node.target = torch.ops.aten.reshape.default
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and 1 in val.shape:
+                node.target = _reshape_as_traced
+                node.args = (node.args[0], node.args[1], tuple(val.stride()))
+            else:
+                node.target = torch.ops.aten.reshape.default
             changed = True
     return changed
+
+
+def _reshape_as_traced(x: torch.Tensor, shape: Sequence[int], stride: tuple[int, ...]
+                       ) -> torch.Tensor:
+    """`x.reshape(shape)` with the traced strides where only the strides of size-1 dims
+    differ (they address nothing, but a kernel's layout check reads them: CPU's group norm
+    refuses a channels-last input whose batch-1 stride is not the one the trace assumed when
+    it left out the `contiguous()`)."""
+    y = torch.reshape(x, shape)
+    got = y.stride()
+    if got == stride or not all(a == b or n == 1 for a, b, n in zip(got, stride, y.shape,
+                                                                        strict=True)):
+        return y
+    return y.as_strided(y.shape, stride, y.storage_offset())
 
 
 def _aliases(node: fx.Node) -> bool:

@@ -10,6 +10,7 @@ AOTAutograd call, so their graphs run on the inner neuron tensors.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -189,6 +190,7 @@ def _updated_in_place(gm: fx.GraphModule) -> bool:
     return changed
 
 
+@functools.cache
 def _bound_ops() -> dict[Any, tuple[Callable[..., Any], frozenset[str]]]:
     """ATen overload -> the public torch function that calls exactly it, and the keyword
     arguments both take. A graph node calls `torch.ops.aten.add.Tensor` through Python
@@ -218,18 +220,13 @@ def _bound_ops() -> dict[Any, tuple[Callable[..., Any], frozenset[str]]]:
     }
 
 
-_BOUND: dict[Any, tuple[Callable[..., Any], frozenset[str]]] = {}
-
-
 def _bound_calls(gm: fx.GraphModule) -> bool:
     """Nodes of `_bound_ops()` call the public function instead (same kernel, same
     dispatch keys, so placement, fallbacks, the 64-bit rule and memory accounting see the
     same op)."""
-    if not _BOUND:
-        _BOUND.update(_bound_ops())
     changed = False
     for node in gm.graph.nodes:
-        bound = _BOUND.get(node.target) if node.op == "call_function" else None
+        bound = _bound_ops().get(node.target) if node.op == "call_function" else None
         if bound is not None and set(node.kwargs) <= bound[1]:
             node.target = bound[0]
             changed = True

@@ -11,6 +11,7 @@ AOTAutograd call, so their graphs run on the inner neuron tensors.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -190,6 +191,88 @@ def _updated_in_place(gm: fx.GraphModule) -> bool:
     return changed
 
 
+def _repeated_kv(node: Any) -> tuple[fx.Node, int] | None:
+    """`(kv, n)` when `node` is `repeat_kv(kv, n)` as AOTAutograd traces it (unsqueeze at 2,
+    expand to n copies, a contiguous copy, a view that merges the copies into the heads), each
+    step used only by the next."""
+    a = torch.ops.aten
+    chain = [(a.view.default, a._unsafe_view.default), (a.clone.default,),
+             (a.expand.default,), (a.unsqueeze.default,)]
+    n = node
+    for i, targets in enumerate(chain):
+        if not (isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+                and (i == 0 or len(n.users) == 1)):
+            return None
+        if n.target is a.unsqueeze.default and n.args[1] != 2:
+            return None
+        n = n.args[0]
+    kv, rep = _val(n), _val(node.args[0].args[0])
+    if not (isinstance(n, fx.Node) and isinstance(kv, torch.Tensor) and kv.dim() == 4
+            and isinstance(rep, torch.Tensor) and rep.dim() == 5):
+        return None
+    return n, int(rep.shape[2])
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _packed_gqa(gm: fx.GraphModule) -> bool:
+    """Decode attention of a grouped-query model runs on the key/value heads, as eager mode
+    runs it. For one query token, transformers' eager SDPA folds the query heads of each
+    key/value head into the query length (`pack_gqa`) but, while Dynamo traces, repeats the
+    key and value cache for every query head instead (`repeat_kv`): two copies of the whole
+    cache per layer per decode step, which eager mode never makes and TorchNeuron's
+    attention, which takes grouped heads, does not need. Here the query is folded the same
+    way (and the mask with it), the attention reads the cache as it is, and the output is
+    unfolded: the same computation as eager mode's."""
+    a = torch.ops.aten
+    sdpa = a._scaled_dot_product_flash_attention_for_cpu.default
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not sdpa:
+            continue
+        q, k, v = node.args[:3]
+        rest = node.args[3:]
+        if any(rest) or set(node.kwargs) - {"attn_mask", "scale"}:
+            continue  # dropout or is_causal
+        if not all(u.target is operator.getitem and u.args[1] == 0 for u in node.users):
+            continue  # the logsumexp is used (a backward)
+        kr, vr = _repeated_kv(k), _repeated_kv(v)
+        qv, mask = _val(q), node.kwargs.get("attn_mask")
+        if kr is None or vr is None or kr[1] != vr[1] or not isinstance(qv, torch.Tensor):
+            continue
+        (kv_k, n), (kv_v, _) = kr, vr
+        batch, heads, length, dim = qv.shape
+        mv = _val(mask)
+        if length != 1 or heads != _val(kv_k).shape[1] * n or (
+                mask is not None and not (isinstance(mv, torch.Tensor) and mv.dim() == 4
+                                          and mv.shape[1] in (1, heads))):
+            continue
+        groups = heads // n
+        with gm.graph.inserting_before(node):
+            packed_q = gm.graph.call_function(a.reshape.default, (q, [batch, groups, n, dim]))
+            kwargs = dict(node.kwargs)
+            if mask is not None and mv.shape[1] == heads:
+                kwargs["attn_mask"] = gm.graph.call_function(
+                    a.reshape.default, (mask, [mv.shape[0], groups, n, mv.shape[3]]))
+            att = gm.graph.call_function(sdpa, (packed_q, kv_k, kv_v), kwargs)
+            out = gm.graph.call_function(operator.getitem, (att, 0))
+            unpacked = gm.graph.call_function(a.reshape.default, (out, [batch, heads, 1, dim]))
+        for user in list(node.users):
+            user.replace_all_uses_with(unpacked)
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        for start in (k, v):  # the repeat chains, now unused
+            n_ = start
+            while isinstance(n_, fx.Node) and not n_.users and n_ not in (kv_k, kv_v):
+                nxt = n_.args[0]
+                gm.graph.erase_node(n_)
+                n_ = nxt
+        changed = True
+    return changed
+
+
 @functools.cache
 def _bound_ops() -> dict[Any, tuple[Callable[..., Any], frozenset[str]]]:
     """ATen overload -> the public torch function that calls exactly it, and the keyword
@@ -239,8 +322,9 @@ def _runner(part: str, sizes: dict[str, int]) -> Callable[..., Any]:
 
         sizes[part] = len(inner.graph.nodes)
         in_place = part == "inference" and _updated_in_place(inner)
+        packed = part == "inference" and _packed_gqa(inner)
         reshaped = _layout_free_views(inner)
-        if _bound_calls(inner) or reshaped or in_place:
+        if _bound_calls(inner) or reshaped or in_place or packed:
             inner.recompile()
         return make_boxed_func(inner.forward)  # AOTAutograd calls parts with one list
     return compile_part

@@ -144,6 +144,26 @@ def test_generate_static_cache_compiled_matches_cpu() -> None:
     assert torch.neuron.get_dynamo_metrics()["num_graphs"] == n1, "recompiled after warm-up"
 
 
+def test_compiled_decode_attends_on_the_key_value_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grouped-query decode step folds the query heads instead of repeating the cache
+    (as eager SDPA does); greedy output still equals CPU's."""
+    from neuronlocal.compile import aot
+
+    folded: list[bool] = []
+    real = aot._packed_gqa
+    monkeypatch.setattr(aot, "_packed_gqa", lambda gm: folded.append(real(gm)) or folded[-1])
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(_cfg()).eval()
+    dev = transformers.LlamaForCausalLM(_cfg()).eval()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("neuron")
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, cache_implementation="static")
+    assert torch.equal(dev.generate(ids.to("neuron"), **kw).cpu(), cpu.generate(ids, **kw))
+    assert True in folded
+
+
 class _Tokens(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 16

@@ -222,8 +222,7 @@ def _packed_gqa(gm: fx.GraphModule) -> bool:
     runs it. For one query token, transformers' eager SDPA folds the query heads of each
     key/value head into the query length (`pack_gqa`) but, while Dynamo traces, repeats the
     key and value cache for every query head instead (`repeat_kv`): two copies of the whole
-    cache per layer per decode step, which eager mode never makes and TorchNeuron's
-    attention, which takes grouped heads, does not need. Here the query is folded the same
+    cache per layer per decode step, which eager mode never makes. Here the query is folded the same
     way (and the mask with it), the attention reads the cache as it is, and the output is
     unfolded: the same computation as eager mode's."""
     a = torch.ops.aten
@@ -240,7 +239,8 @@ def _packed_gqa(gm: fx.GraphModule) -> bool:
             continue  # the logsumexp is used (a backward)
         kr, vr = _repeated_kv(k), _repeated_kv(v)
         qv, mask = _val(q), node.kwargs.get("attn_mask")
-        if kr is None or vr is None or kr[1] != vr[1] or not isinstance(qv, torch.Tensor):
+        if kr is None or vr is None or k is v or kr[1] != vr[1] \
+                or not isinstance(qv, torch.Tensor):
             continue
         (kv_k, n), (kv_v, _) = kr, vr
         batch, heads, length, dim = qv.shape

@@ -10,7 +10,8 @@ auto-compiled by transformers (backend "neuron", dynamic=False). Sides:
   `_compile_all_devices`).
 Ratios are speed-ups (tokens/s neuron / tokens/s CPU); goal for generate: >= 1.0.
 Afterwards, in one process: a 64-token generation after warm-up must compile no new graph,
-and neuron's tokens must equal CPU's.
+and neuron's tokens must equal CPU's; then where a decode step's time goes on each side
+(`breakdown`).
 Run: python bench/generate.py [--quick] [--rounds N]   (--quick: hidden 256, 2 layers, 16 new)
 """
 
@@ -107,6 +108,81 @@ def check(args: Any) -> dict[str, Any]:
     return res
 
 
+def _timed(fn: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
+    import time
+
+    def run(*a: Any, **k: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent.append(time.perf_counter() - start)
+    return run
+
+
+def breakdown(args: Any) -> dict[str, Any]:
+    """Where a decode step's time goes (one process, best of 5 generations): on neuron,
+    Dynamo's call of the compiled model (guards, frame and wrappers), the backend's run of
+    the graph, and the rest of generate()'s loop (logits processing, stopping, inputs for the
+    next step); on CPU, the eager model forward and the same loop. Diagnostic: it patches a
+    transformers method and the backend's entry to time them."""
+    import time
+
+    import torch
+
+    from neuronlocal.compile import backend
+
+    s = _sizes(args.quick)
+    new = s["new"]
+    out: dict[str, Any] = {}
+    for side in ("cpu", "neuron"):
+        model, ids = _model(side, s["hidden"], s["layers"])
+        calls: list[float] = []
+        graph: list[float] = []
+        if side == "neuron":
+            compiled_call = model.get_compiled_call
+            model.get_compiled_call = lambda cfg, f=compiled_call, c=calls: _timed(f(cfg), c)
+        else:
+            model.forward = _timed(model.forward, calls)
+        original = backend._Specializer.__call__
+        backend._Specializer.__call__ = _timed(original, graph)  # type: ignore[method-assign]
+        try:
+            best: dict[str, float] = {}
+            for tokens in (1, new):
+                runs = []
+                for i in range(7):
+                    calls.clear()
+                    graph.clear()
+                    start = time.perf_counter()
+                    with torch.no_grad():
+                        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens,
+                                       do_sample=False, cache_implementation="static")
+                    if i >= 2:  # warm-up: compiles
+                        runs.append((time.perf_counter() - start, sum(calls), sum(graph)))
+                best[str(tokens)] = min(runs)  # type: ignore[assignment]
+        finally:
+            backend._Specializer.__call__ = original  # type: ignore[method-assign]
+        (prefill, p_calls, _), (total, t_calls, t_graph) = best["1"], best[str(new)]
+        steps = new - 1
+        step = {"total": (total - prefill) / steps,
+                "loop": (total - prefill - (t_calls - p_calls)) / steps}
+        if side == "neuron":
+            step.update(graph=t_graph / steps, dynamo=(t_calls - t_graph) / steps)
+        else:
+            step["forward"] = (t_calls - p_calls) / steps
+        out[side] = {k: round(v * 1e3, 3) for k, v in step.items()}
+    n, c = out["neuron"], out["cpu"]
+    print(f"decode step, ms: neuron {n['total']:.2f} = Dynamo's call {n['dynamo']:.2f} + "
+          f"compiled graph {n['graph']:.2f} + generate loop {n['loop']:.2f}; "
+          f"cpu {c['total']:.2f} = model forward {c['forward']:.2f} + generate loop "
+          f"{c['loop']:.2f}")
+    return out
+
+
+def extra(args: Any) -> dict[str, Any]:
+    return {"check": check(args), "decode_step_ms": breakdown(args)}
+
+
 if __name__ == "__main__":
     run_cases(__file__, cases, title="generate (compiled, static cache): speed-up neuron / cpu",
-              description=__doc__, extra=check)
+              description=__doc__, extra=extra)

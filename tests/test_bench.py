@@ -47,3 +47,16 @@ def test_noisy_ratios_add_rounds_until_the_iqr_settles(monkeypatch: pytest.Monke
     fixed = _run(monkeypatch, {"cpu": [1.0] * 40, "neuron": noisy}, adaptive=False,
                  rounds=3)
     assert fixed.ratio.n == 3
+
+
+@pytest.mark.slow
+def test_decode_breakdown_parts_add_up() -> None:
+    """bench/generate.py's decode-step breakdown: each side's parts are positive and sum to
+    its total, and the compiled side timed Dynamo's call and the graph apart."""
+    import generate
+
+    out = generate.breakdown(argparse.Namespace(quick=True))
+    n, c = out["neuron"], out["cpu"]
+    assert all(v > 0 for v in (*n.values(), *c.values()))
+    assert n["dynamo"] + n["graph"] + n["loop"] == pytest.approx(n["total"], abs=0.01)
+    assert c["forward"] + c["loop"] == pytest.approx(c["total"], abs=0.01)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("HF_DEACTIVATE_ASYNC_LOAD", "1")
@@ -90,24 +91,43 @@ def main() -> None:
         raise SystemExit(f"--batch {args.batch} must be a multiple of --fsdp {args.fsdp}.")
     rank = int(os.environ.get("RANK", "0"))
     tok = tokenizer()
-    path = os.path.join(tempfile.gettempdir(), f"neuronlocal_sft_tiny_{os.getppid()}")
+    path = model_dir(world, rank, tok)
+    try:
+        result = {"neuron": train(path, tok, False, args.steps, args.batch // args.fsdp,
+                                  args.tp, args.fsdp)}
+        if rank == 0:
+            print("losses neuron", result["neuron"], flush=True)
+            if not args.no_cpu and world == 1:
+                result["cpu"] = train(path, tok, True, args.steps, args.batch, 1, 1)
+                print("losses cpu", result["cpu"], flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(result, f)
+    finally:
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()  # every rank has loaded the model before it goes
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def model_dir(world: int, rank: int, tok) -> str:  # type: ignore[no-untyped-def]
+    """The tiny model, saved once where every rank reads it: a fresh private folder that rank
+    0 makes (`mkdtemp`: mode 0700, a name nobody can have made beforehand, never a shared
+    predictable path in /tmp) and whose name it sends to the other ranks."""
+    path = ""
     if rank == 0:
+        path = tempfile.mkdtemp(prefix="neuronlocal_sft_tiny_")
         save_model(path, len(tok), tok.pad_token_id, tok.eos_token_id)
     if world > 1:
         import torch.distributed as dist
 
         dist.init_process_group("neuron")
-        dist.barrier()
-    result = {"neuron": train(path, tok, False, args.steps, args.batch // args.fsdp, args.tp,
-                              args.fsdp)}
-    if rank == 0:
-        print("losses neuron", result["neuron"], flush=True)
-        if not args.no_cpu and world == 1:
-            result["cpu"] = train(path, tok, True, args.steps, args.batch, 1, 1)
-            print("losses cpu", result["cpu"], flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f)
+        names = [path]
+        dist.broadcast_object_list(names, src=0)
+        path = names[0]
+    return path
 
 
 if __name__ == "__main__":

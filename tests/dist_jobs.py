@@ -14,6 +14,7 @@ torch_compile=True. `syncbn`: nn.SyncBatchNorm under DDP. `die`: rank 1 exits mi
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -557,6 +558,12 @@ def sft(out: Path, device_type: str, backend: str, compiled: bool) -> None:
     graphs = compiled_graphs(device_type)
     torch.save({"loss": losses, "params": params, "grads": {}, "graphs": graphs},
                out / f"sft_{device_type}_{r}.pt")
+    # The DDP reducer holds the process group: released on every rank, after a barrier, before
+    # the group goes (gloo's destructor joins its worker threads, and a rank that freed its
+    # reducer while the other still ran left one of them waiting: a rank hung at exit).
+    del trainer
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

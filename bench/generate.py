@@ -147,9 +147,9 @@ def breakdown(args: Any) -> dict[str, Any]:
         original = backend._Specializer.__call__
         backend._Specializer.__call__ = _timed(original, graph)  # type: ignore[method-assign]
         try:
-            best: dict[str, float] = {}
+            best: dict[int, tuple[float, float, float]] = {}  # (seconds, calls, graph)
             for tokens in (1, new):
-                runs = []
+                runs: list[tuple[float, float, float]] = []
                 for i in range(7):
                     calls.clear()
                     graph.clear()
@@ -159,10 +159,10 @@ def breakdown(args: Any) -> dict[str, Any]:
                                        do_sample=False, cache_implementation="static")
                     if i >= 2:  # warm-up: compiles
                         runs.append((time.perf_counter() - start, sum(calls), sum(graph)))
-                best[str(tokens)] = min(runs)  # type: ignore[assignment]
+                best[tokens] = min(runs)
         finally:
             backend._Specializer.__call__ = original  # type: ignore[method-assign]
-        (prefill, p_calls, _), (total, t_calls, t_graph) = best["1"], best[str(new)]
+        (prefill, p_calls, _), (total, t_calls, t_graph) = best[1], best[new]
         steps = new - 1
         step = {"total": (total - prefill) / steps,
                 "loop": (total - prefill - (t_calls - p_calls)) / steps}

@@ -2,11 +2,13 @@
 #              sets up only what it needs (requirements.txt: torch==2.13.0 CPU, transformers)
 # make setup : everything for tests and integrations (requirements-dev.txt)
 # make test  : the default test run (CI runs the same command)
+# make lock  : rewrite the lock (constraints.txt) from the newest releases, then make test
+# make test-latest : the default suite on the newest releases in a throwaway venv (not gating)
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 
-.PHONY: setup demo test test-slow lint typecheck bench
+.PHONY: setup demo test test-slow test-latest lock lint typecheck bench
 
 setup: $(VENV)/.dev-installed
 
@@ -30,6 +32,13 @@ test: setup
 
 test-slow: setup
 	$(BIN)/python -m pytest -m slow -q
+
+test-latest: setup
+	$(BIN)/python tools/lock.py latest
+
+lock: setup
+	$(BIN)/python tools/lock.py update
+	$(MAKE) test
 
 # ruff on the whole tree, then mypy on src/ (settings in pyproject.toml). CI runs both.
 lint: setup

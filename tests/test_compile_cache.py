@@ -306,6 +306,15 @@ with inductor_dirs(cache, cache.state(), cacheable=True):
 """
 
 
+def _children(pid: int) -> list[int]:
+    """Child pids of `pid` from /proc, skipping its threads that end while being read."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
 def test_compiler_child_dies_with_a_killed_compile(tmp_path):
     """kill -9 of a process compiling a graph takes its C++ compiler with it."""
     proc = subprocess.Popen([sys.executable, "-c", _COMPILER_CHILD], stdout=subprocess.PIPE,
@@ -315,8 +324,7 @@ def test_compiler_child_dies_with_a_killed_compile(tmp_path):
         deadline = time.monotonic() + 60
         children: list[int] = []
         while not children and time.monotonic() < deadline:
-            children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
-                        for c in (t / "children").read_text().split()]
+            children = _children(pid)
             time.sleep(0.1)
         assert children, "the compiler never started"
     finally:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from neuronlocal import kernels as K
+from neuronlocal.kernels import hub
 
 pytestmark = pytest.mark.timeout(600)
 DEV = "neuron"
@@ -240,7 +241,9 @@ def test_kernelize_swaps_llama_layers_locally():
     assert type(layer.input_layernorm.forward.__self__) is type(layer.input_layernorm)
     assert layer.input_layernorm.forward.__func__.__qualname__ == "RMSNorm.forward"
     assert layer.mlp.forward.__func__.__qualname__ == "SwiGLUMLP.forward"
-    rot = layer.self_attn._kernel_funcs["apply_rotary_pos_emb"]
+    from transformers.models.llama import modeling_llama as ml
+
+    rot = layer.self_attn._kernel_funcs[hub.func_key(ml.apply_rotary_pos_emb)]
     assert rot.forward.__func__.__qualname__ == "RotaryEmbedding.forward"
     assert model.config._attn_implementation == "neuron"
     with torch.no_grad():

@@ -16,6 +16,16 @@ Patches (see `PATCHES`):
   layers kernelizable with kernels>=0.18.2. On neuron it now installs neuronlocal's local
   layer mapping first (neuronlocal.kernels.hub.register: Llama's RMSNorm, MLP and rotary),
   and warns when still no layer of the model was swapped.
+- transformers.integrations.hub_kernels.get_device_type (transformers 5.25): `kernelize()`
+  takes the execution device from `device_map`'s first accelerator value, which accelerate
+  writes as a core index (`0`), and `get_device_type(0)` reads `.type` of that int, so every
+  `device_map="auto"` load with `kernels` installed raises AttributeError. An index now means
+  a core of the current accelerator.
+- transformers.utils.kernel_config.add_to_mapping_local (transformers 5.25):
+  `register_kernel_replacements_and_fusions` rewrites a `KernelConfig`'s mapping into
+  `(repo, metadata)` tuples, local repositories too, and `add_to_mapping_local` then splits
+  the tuple as a string, so `use_kernels=True` with a local `KernelConfig` raises. The repo
+  string is taken from the tuple.
 - transformers.generation.utils.GenerationMixin.generate: observed, not changed. generate()
   calls the model's own forward, so after `torch.compile(model)` it runs uncompiled; a first
   generate() of a model that compiled nothing while a `torch.compile` wrapper of that model
@@ -150,6 +160,47 @@ def _patch_kernels(mod: Any) -> None:
         mod.layer.kernelize = kernelize
 
 
+def _patch_transformers_hub_kernels(mod: Any) -> None:
+    """hub_kernels.get_device_type: a device-map core index names a core of the accelerator.
+
+    transformers 5.25 `kernelize()` sets `model._kernels_device` to
+    `next(iter(set(device_map.values()) - {"cpu", "disk"}))`, an int for accelerate's maps.
+    """
+    original = mod.get_device_type
+    if getattr(original, "_neuronlocal", False):
+        return
+
+    def get_device_type(device: Any = None) -> str:
+        if isinstance(device, int) and not isinstance(device, bool):
+            accelerator = torch.accelerator.current_accelerator()
+            device = torch.device(accelerator.type if accelerator else "cpu", device)
+        return original(device)
+
+    get_device_type._neuronlocal = True  # type: ignore[attr-defined]
+    mod.get_device_type = get_device_type
+
+
+def _patch_transformers_kernel_config(mod: Any) -> None:
+    """kernel_config.add_to_mapping_local: accept the `(repo, metadata)` tuple 5.25 stores.
+
+    transformers 5.25 `register_kernel_replacements_and_fusions` ends with
+    `kernel_config.kernel_mapping = new_mapping` of `(repo_str, metadata)` tuples, and
+    `add_to_mapping_local` does `repo_name.split(":")` on them.
+    """
+    original = mod.add_to_mapping_local
+    if getattr(original, "_neuronlocal", False):
+        return
+
+    def add_to_mapping_local(layer_name: Any, device: Any, repo_name: Any, mode: Any,
+                             compatible_mapping: Any) -> Any:
+        if isinstance(repo_name, tuple):
+            repo_name = repo_name[0]
+        return original(layer_name, device, repo_name, mode, compatible_mapping)
+
+    add_to_mapping_local._neuronlocal = True  # type: ignore[attr-defined]
+    mod.add_to_mapping_local = add_to_mapping_local
+
+
 _generated: set[int] = set()  # ids of models whose first generate() was looked at
 
 
@@ -199,6 +250,8 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "accelerate.utils.modeling": _patch_accelerate_modeling,
     "transformers.modeling_utils": _patch_transformers_modeling,
     "kernels": _patch_kernels,
+    "transformers.integrations.hub_kernels": _patch_transformers_hub_kernels,
+    "transformers.utils.kernel_config": _patch_transformers_kernel_config,
     "transformers.generation.utils": _patch_transformers_generation,
 }
 

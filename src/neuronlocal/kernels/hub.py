@@ -19,7 +19,8 @@ from torch import nn
 
 from neuronlocal.kernels.library import attention
 
-__all__ = ["LAYERS", "REPO_PATH", "kernel_config", "kernel_mapping", "kernelize", "register"]
+__all__ = ["LAYERS", "REPO_PATH", "func_key", "kernel_config", "kernel_mapping", "kernelize",
+           "register"]
 
 REPO_PATH = Path(__file__).parent / "hub_repo"
 # transformers layer name -> layer class in hub_repo
@@ -112,13 +113,24 @@ def register() -> None:
     _registered = True
 
 
+def func_key(fn: Any) -> str:
+    """The key `kernels` files a kernelized function under in a module's `_kernel_funcs`.
+
+    kernels 0.19 turns a decorated function into a module instance (no `__name__`, so the
+    layer name); older releases keep the function and its `__name__`.
+    """
+    return str(getattr(fn, "__name__", None) or fn.kernel_layer_name)
+
+
 def attach_funcs(model: nn.Module) -> None:
     """Attention modules built before `register()` get the rotary function attached now."""
     from transformers.models.llama import modeling_llama as ml
 
+    fn = ml.apply_rotary_pos_emb
     for module in model.modules():
         if isinstance(module, ml.LlamaAttention) and "_kernel_funcs" not in module.__dict__:
-            module.__dict__["_kernel_funcs"] = {"apply_rotary_pos_emb": ml.apply_rotary_pos_emb}
+            module.__dict__["_kernel_funcs"] = {func_key(fn): type(fn)() if isinstance(
+                fn, nn.Module) else fn}
 
 
 def kernelize(

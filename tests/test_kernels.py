@@ -325,3 +325,34 @@ def test_stock_kernelize_that_swaps_nothing_says_so():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4)).to(DEV)
     with pytest.warns(UserWarning, match=r"swapped no layer of Sequential.*runs its own layers"):
         kernels.kernelize(model, device="neuron", mode=kernels.Mode.INFERENCE)
+
+
+# ------------------------------------------------------------------ kernels are device ops
+
+def test_library_kernels_and_nki_ops_are_device_ops_not_fallbacks():
+    """An NKI kernel runs on the NeuronCore: executed, never a CPU fallback, never warned."""
+    import warnings
+
+    import torch_neuronx
+    from neuronlocal.eager import ops
+
+    @K.nki_op("fidelitytest::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.randn(4, 8).to(DEV)
+    w = torch.ones(8).to(DEV)
+    torch_neuronx.clear_op_tracking()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        K.rms_norm(x, w)
+        K.silu_and_mul(x, x)
+        double(x)
+    assert not [str(c.message) for c in caught if "fallback" in str(c.message)]
+    assert torch_neuronx.get_fallback_ops() == {}
+    executed = torch_neuronx.get_executed_ops()
+    for name in ("neuronlocal::rms_norm", "neuronlocal::silu_and_mul", "fidelitytest::double"):
+        assert name in executed
+        p = ops.placement(name)
+        assert (p.placement, p.runs) == ("device", "device")
+        assert "NKI kernel" in p.evidence()

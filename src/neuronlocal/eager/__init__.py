@@ -22,6 +22,14 @@ def register(cfg: Config) -> None:
     _print_on_host()
 
 
+def add_device_kernel(name: str) -> None:
+    """Make the custom op `name` a device op (an NKI kernel): tracked as executed, never as
+    a CPU fallback, and not warned."""
+    ops.add_device_kernel(name)
+    if state.config.placement != "native":
+        _C._set_op_placement(ops.decisions(), ops.OTHER_NAMESPACES)
+
+
 def _set_placement(placement: str) -> None:
     if placement == "native":
         _C._set_op_placement({}, 0)

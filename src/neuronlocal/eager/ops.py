@@ -35,6 +35,18 @@ HOST, QUIET, KEEP_64BIT = 1, 2, 4
 # Ops outside the aten namespace that reach the boxed fallback have no neuron kernel (the
 # neuron kernels of neuronlocal's own and c10d ops are registered directly): host.
 OTHER_NAMESPACES = HOST | KEEP_64BIT
+# Custom ops that stand for an NKI kernel (`nki_op`, neuronlocal's kernel library): on
+# Trainium they run on the NeuronCore, so they are device ops, computed as written.
+_device_kernels: set[str] = set()
+
+
+def add_device_kernel(name: str) -> None:
+    """Record the custom op `name` ("namespace::op") as a device kernel (an NKI kernel)."""
+    _device_kernels.add(name)
+
+
+def device_kernels() -> frozenset[str]:
+    return frozenset(_device_kernels)
 
 
 @functools.cache
@@ -79,6 +91,8 @@ def placement(op: str) -> Placement:
     """The placement of one op; an op outside the table is a host op if it is not ATen."""
     name = canonical(op)
     entry = table()["ops"].get(name)
+    if entry is None and name in _device_kernels:
+        entry = {"placement": "device", "nki_kernel": True}
     if entry is None:
         if name.startswith("aten::"):
             raise KeyError(f"{op!r} is not an ATen op of torch {torch.__version__}; "
@@ -121,9 +135,12 @@ def float64_ops() -> frozenset[str]:
 
 def decisions() -> dict[str, tuple[int, str]]:
     """For the C++ dispatch: {op: (flags, host op)} for every op that runs on the host when it
-    reaches neuron as one op; ops not listed run on the device."""
-    return {name: (HOST | KEEP_64BIT | (QUIET if _quiet(e) else 0), _host_op(name, e))
-            for name, e in table()["ops"].items() if _runs(e) == "host"}
+    reaches neuron as one op, and every device kernel (no host flag, computed as written);
+    ops not listed run on the device."""
+    out = {name: (HOST | KEEP_64BIT | (QUIET if _quiet(e) else 0), _host_op(name, e))
+           for name, e in table()["ops"].items() if _runs(e) == "host"}
+    out.update({name: (KEEP_64BIT, name) for name in _device_kernels})
+    return out
 
 
 def direct_composites() -> list[str]:
@@ -138,6 +155,9 @@ def _evidence(name: str, e: dict[str, Any]) -> str:
     if e.get("other_namespace"):
         return ("not an ATen op and no neuron kernel registered for it: TorchNeuron's boxed "
                 "CPU fallback runs it")
+    if e.get("nki_kernel"):
+        return ("a kernel op (nki_op or neuronlocal's kernel library): on Trainium an NKI "
+                "kernel, run on the NeuronCore as one fused kernel")
     if "stand_in" in e:
         return (f"neuronlocal runs it in place of {e['stand_in']} (TorchNeuron's device path; "
                 "neuronlocal follows CPU's kernel choice so numerics match CPU)")

@@ -238,7 +238,7 @@ def _may_warn(func: Any, ins: list[torch.Tensor]) -> bool:
         from neuronlocal.eager import ops
 
         _fallbacks = frozenset(name.split(".")[0] for name, (flags, _) in ops.decisions().items()
-                               if not flags & ops.QUIET)
+                               if flags & ops.HOST and not flags & ops.QUIET)
     return (any(t.dtype in _64BIT for t in ins)
             or f"{func.namespace}::{func.overloadpacket.__name__}" in _fallbacks)
 

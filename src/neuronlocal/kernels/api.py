@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from neuronlocal import _C
+from neuronlocal import _C, eager
 
 __all__ = ["host_call", "nki_op", "wrap_nki"]
 
@@ -116,6 +116,7 @@ def nki_op(
             name, mutates_args=mutates_args, device_types="cpu", schema=schema
         )(kernel)
         op.register_fake(kernel)  # the body on fake tensors infers shapes and dtypes
+        eager.add_device_kernel(name)  # an NKI kernel runs on the NeuronCore, not the host
         return op
 
     return decorate if fn is None else decorate(fn)

@@ -356,3 +356,19 @@ def test_library_kernels_and_nki_ops_are_device_ops_not_fallbacks():
         p = ops.placement(name)
         assert (p.placement, p.runs) == ("device", "device")
         assert "NKI kernel" in p.evidence()
+
+
+def test_missing_digest_warning_once_per_process_with_its_meaning(caplog):
+    pytest.importorskip("kernels")
+    import logging
+
+    hub.register()
+    hub.DIGEST_FILTER.seen = False
+    log = logging.getLogger("kernels._internals.validate")
+    msg = ("Kernel 'x' variant 'y': the metadata does not record a digest, so its integrity "
+           "cannot be verified")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        for _ in range(3):
+            log.warning(msg)
+    shown = [r.getMessage() for r in caplog.records if "digest" in r.getMessage()]
+    assert len(shown) == 1 and "unverified" in shown[0] and "once per process" in shown[0]

@@ -11,6 +11,7 @@ transformers' gated MLPs kernelizable under the name `LlamaMLP`); `kernelize()` 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,33 @@ def _mark_transformers_layers(k: Any) -> None:
         k.replace_kernel_forward_from_hub(ml.LlamaMLP, "LlamaMLP", condition=_gated_silu)
 
 
+_DIGEST_MISSING = "does not record a digest"
+_DIGEST_MEANING = (" (kernels loads its files unverified: nothing checks they were not changed "
+                   "after the build; neuronlocal's own kernel repository is part of the "
+                   "installed package. Shown once per process.)")
+
+
+class _DigestOnce(logging.Filter):
+    """kernels warns about a missing digest at every load (three per model); once, with its
+    meaning, is enough."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _DIGEST_MISSING not in str(record.msg):
+            return True
+        if self.seen:
+            return False
+        self.seen = True
+        record.msg, record.args = record.getMessage() + _DIGEST_MEANING, None
+        return True
+
+
+DIGEST_FILTER = _DigestOnce()
+
+
 def register() -> None:
     """Install the neuron mapping in `kernels` and the `neuron` attention in transformers."""
     global _registered
@@ -106,6 +134,9 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+    logger = logging.getLogger("kernels._internals.validate")
+    if DIGEST_FILTER not in logger.filters:
+        logger.addFilter(DIGEST_FILTER)
     _mark_transformers_layers(k)
     k.register_kernel_mapping(kernel_mapping())
     AttentionInterface.register(ATTENTION, neuron_attention)

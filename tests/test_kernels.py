@@ -372,3 +372,41 @@ def test_missing_digest_warning_once_per_process_with_its_meaning(caplog):
             log.warning(msg)
     shown = [r.getMessage() for r in caplog.records if "digest" in r.getMessage()]
     assert len(shown) == 1 and "unverified" in shown[0] and "once per process" in shown[0]
+
+
+def test_kernelize_records_swapped_layers_and_kernel_ops_for_the_report(monkeypatch, tmp_path):
+    """transformers' own switch decides (use_kernels defaults on, USE_HUB_KERNELS=NO turns it
+    off); the report lists the layers swapped and the kernel ops as device ops."""
+    pytest.importorskip("kernels", reason="HF `kernels` not installed")
+    import transformers
+
+    import torch_neuronx
+    from neuronlocal.core import counters
+    from neuronlocal.report import collect, render
+
+    _tiny_llama().save_pretrained(tmp_path)
+    counters.reset()
+    monkeypatch.setenv("USE_HUB_KERNELS", "NO")
+    off = transformers.LlamaForCausalLM.from_pretrained(tmp_path, device_map="neuron")
+    assert counters.get_kernel_swaps() == []
+    assert off.model.norm.forward.__func__.__qualname__ == "LlamaRMSNorm.forward"
+    monkeypatch.delenv("USE_HUB_KERNELS")
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, device_map="neuron")
+    swaps = {s["layer"]: s["modules"] for s in counters.get_kernel_swaps()}
+    assert swaps.get("LlamaRMSNorm") == 5 and swaps.get("LlamaMLP") == 2
+    torch_neuronx.clear_op_tracking()
+    with torch.no_grad():
+        model(torch.randint(0, 100, (1, 6)).to(DEV))
+    ops = collect.kernel_ops()
+    assert ops.get("neuronlocal::rms_norm") == 5 and "neuronlocal::silu_and_mul" in ops
+    assert not any(op.startswith("neuronlocal::") for op in torch_neuronx.get_fallback_ops())
+    rank = {"rank": 0, "kernel_swaps": counters.get_kernel_swaps(), "kernel_ops": ops}
+    rep = {"ranks": [dict.fromkeys(("graphs", "recompiles", "bucket_suggestions",
+                                    "graph_breaks", "fallback_ops", "memory",
+                                    "collectives"), []) | {"downcast_ops": {}} | rank]}
+    titles = {s.title: s.rows for s in render.sections(rep)}
+    assert ["LlamaForCausalLM", "LlamaRMSNorm", 5] in titles[
+        "Kernel layers swapped in (kernels.kernelize)"]
+    assert ["neuronlocal::rms_norm", 5] in titles[
+        "Kernel ops (NKI kernels: run on the NeuronCore)"]
+    counters.reset()

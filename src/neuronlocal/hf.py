@@ -119,10 +119,13 @@ def _patch_transformers_modeling(mod: ModuleType) -> None:
     cls._finalize_model_loading = staticmethod(_finalize_model_loading)
 
 
-def _swapped(model: torch.nn.Module) -> int:
-    """Modules whose forward `kernels` replaced with a kernel layer's."""
-    return sum(getattr(m.forward, "__func__", None) not in (None, type(m).forward)
-               for m in model.modules())
+def _swapped(model: torch.nn.Module) -> dict[str, int]:
+    """{layer class: modules} whose forward `kernels` replaced with a kernel layer's."""
+    out: dict[str, int] = {}
+    for m in model.modules():
+        if getattr(m.forward, "__func__", None) not in (None, type(m).forward):
+            out[type(m).__name__] = out.get(type(m).__name__, 0) + 1
+    return out
 
 
 def _patch_kernels(mod: Any) -> None:
@@ -143,7 +146,10 @@ def _patch_kernels(mod: Any) -> None:
             hub.register()
             hub.attach_funcs(model)
         out = original(model, mode=mode, device=device, use_fallback=use_fallback)
-        if on_neuron and not _swapped(model):
+        swapped = _swapped(model) if on_neuron else {}
+        if swapped:
+            core_counters.record_kernel_swap(type(model).__name__, swapped)
+        if on_neuron and not swapped:
             warnings.warn(
                 f"kernels.kernelize(device='neuron') swapped no layer of "
                 f"{type(model).__name__}: no kernel mapping names one of its layers for neuron "

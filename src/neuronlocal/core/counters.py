@@ -19,6 +19,7 @@ log = logging.getLogger("neuronlocal.report")
 _lock = threading.Lock()
 _collectives: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])  # -> [count, bytes]
 _counters: dict[str, int] = defaultdict(int)
+_swaps: dict[tuple[str, str], int] = defaultdict(int)  # (model, layer class) -> modules
 
 
 def current_rank() -> int:
@@ -65,8 +66,24 @@ def user_counters() -> dict[str, int]:
         return dict(_counters)
 
 
+def record_kernel_swap(model: str, layers: dict[str, int]) -> None:
+    """`kernels.kernelize` replaced the forward of `layers` ({layer class: modules}) in a
+    `model` with a kernel layer's."""
+    with _lock:
+        for layer, n in layers.items():
+            _swaps[(model, layer)] += n
+
+
+def get_kernel_swaps() -> list[dict[str, Any]]:
+    """[{model, layer, modules}] of every kernelize on neuron, sorted."""
+    with _lock:
+        items = sorted(_swaps.items())
+    return [{"model": m, "layer": layer, "modules": n} for (m, layer), n in items]
+
+
 def reset() -> None:
-    """Clears the counters kept here (collectives and user counters)."""
+    """Clears the counters kept here (collectives, user counters, kernel swaps)."""
     with _lock:
         _collectives.clear()
         _counters.clear()
+        _swaps.clear()

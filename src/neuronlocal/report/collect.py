@@ -179,6 +179,15 @@ def _fallbacks(sites: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def kernel_ops() -> dict[str, int]:
+    """Executed ops that are kernels (nki_op, the kernel library): NKI kernels on Trainium,
+    run on the NeuronCore as one fused kernel each."""
+    from neuronlocal.eager import ops, tracking
+
+    kernels = ops.device_kernels()
+    return {op: n for op, n in tracking.get_executed_ops().items() if op in kernels}
+
+
 def _breaks(captured: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Graph breaks merged by (reason, file, line), with Dynamo's counts when not captured."""
     from neuronlocal.core import dynamo_metrics as compile_metrics
@@ -310,6 +319,8 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
                               missing),
         "downcast_ops": dict(sorted(tracking.get_downcast_ops().items())),
         "eager_ops": dict(sorted(tracking.get_executed_ops().items(), key=lambda kv: -kv[1])),
+        "kernel_ops": _safe("kernel ops", kernel_ops, {}, missing),
+        "kernel_swaps": core_counters.get_kernel_swaps(),
         "memory": _safe("memory", memory, [], missing),
         "collectives": core_counters.get_collectives(),
         "counters": _safe("counters", counters, {}, missing),

@@ -238,6 +238,15 @@ def sections(rep: dict[str, Any]) -> list[Section]:
                  for r in ranks for f in r["fallback_ops"]], "no CPU fallbacks",
                 "On Trainium these run on the host CPU: each call copies its inputs to the "
                 "host and its results back."),
+        Section("Kernel layers swapped in (kernels.kernelize)",
+                rc + ["model", "layer", "modules"],
+                [rk(r) + [s["model"], s["layer"], s["modules"]]
+                 for r in ranks for s in r.get("kernel_swaps", [])], "no layers swapped",
+                "transformers kernelizes a model when `kernels` is installed (use_kernels, "
+                "USE_HUB_KERNELS): these layers run neuronlocal's kernels."),
+        Section("Kernel ops (NKI kernels: run on the NeuronCore)", rc + ["op", "count"],
+                [rk(r) + [op, n] for r in ranks for op, n in r.get("kernel_ops", {}).items()],
+                "no kernel ops"),
         Section("64-bit ops computed as 32-bit", rc + ["op", "count"],
                 [rk(r) + [op, n] for r in ranks for op, n in r["downcast_ops"].items()],
                 "no 64-bit downcasts", limit=10),

@@ -271,3 +271,15 @@ def test_cli_ops(capsys):
     assert cli.main(["ops", "--list", "host"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert "aten::atan2  (runs aten::atan2.out)" in listed and "aten::min" in listed
+
+
+def test_cli_ops_lists_kernel_ops_as_device_ops(capsys):
+    assert cli.main(["ops", "neuronlocal::rms_norm"]) == 0
+    assert "neuronlocal::rms_norm: device\n" in capsys.readouterr().out
+    assert cli.main(["ops"]) == 0
+    assert "NKI kernels" in capsys.readouterr().out
+    assert cli.main(["ops", "--list", "device"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert "neuronlocal::silu_and_mul" in listed and "aten::mm" in listed
+    assert cli.main(["ops", "--list", "host"]) == 0
+    assert not any(n.startswith("neuronlocal::") for n in capsys.readouterr().out.splitlines())

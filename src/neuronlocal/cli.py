@@ -63,6 +63,9 @@ def cmd_demo(_: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     """Where TorchNeuron runs ops on Trainium (the placement table, eager/ops.py)."""
+    from neuronlocal.kernels import library  # noqa: F401 - its kernel ops are device ops
+
+    kernel_ops = sorted(ops_mod.device_kernels())
     if args.op:
         code = 0
         for name in args.op:
@@ -83,6 +86,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
                 print(name if p.host_op == name else f"{name}  (runs {p.host_op})")
             elif args.list == p.placement and args.list != "host":
                 print(name)
+        if args.list == "device":
+            print("\n".join(kernel_ops))
         return 0
     t = ops_mod.table()
     counts = {k: sum(p.placement == k for p in every.values()) for k in ops_mod.PLACEMENTS}
@@ -96,6 +101,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
           f"({len(direct)} run here as one CPU kernel: {on_host} of them fall back)")
     print(f"  host       {counts['host']:>5}  TorchNeuron's CPU fallback: copied to the host and "
           "back, warned once per op, an error with NEURONLOCAL_STRICT=1")
+    print(f"  kernels    {len(kernel_ops):>5}  device: NKI kernels (neuronlocal's kernel library"
+          f" and every nki_op), one fused kernel on the NeuronCore: {', '.join(kernel_ops)}")
     print("`neuronlocal ops OP...` explains ops, `--list host` lists every op that runs on the "
           "host; docs/op-support.md.")
     print(f"Placement now: {neuronlocal.config.placement} (NEURONLOCAL_OP_PLACEMENT=native counts "

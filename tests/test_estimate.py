@@ -470,3 +470,17 @@ def test_step_compile_seconds_are_split_from_run_time(monkeypatch):
     assert [round(s["compile_s"], 6) for s in cap.steps] == [121.5, 0.0, 0.0]
     assert [round(s["host_s"] - s["compile_s"], 6) for s in cap.steps] == [0.5, 0.4, 0.4]
     assert cap.snapshot()["summary"]["host_step_s"] == pytest.approx(0.4)
+
+
+def test_kernel_op_is_costed_as_the_one_fused_kernel_it_stands_for():
+    """neuronlocal::rms_norm is one NKI kernel on Trainium: one pass (x in, weight, y out),
+    not the pieces of its CPU body."""
+    from neuronlocal import kernels as K
+    from neuronlocal.estimate.counting import Counter
+
+    x, w = torch.randn(64, 256), torch.ones(256)
+    with Counter() as c:
+        K.rms_norm(x, w)
+    ((cost, n),) = c.tally.ops.items()
+    assert n == 1 and cost.engine == "vector"
+    assert cost.bytes == 2 * x.numel() * 4 + w.numel() * 4

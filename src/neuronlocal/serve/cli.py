@@ -23,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instance", default="trn2.48xlarge", help="default trn2.48xlarge")
     p.add_argument("--lnc", type=int, choices=(1, 2), help="logical core size (Trn2/Trn3)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of one replica")
+    p.add_argument("--replicas", type=int, help="replicas per instance (default: as many as "
+                   "the instance holds at --tp); arrivals join the shortest queue")
+    p.add_argument("--instances", type=int, default=1, help="instances rented (default 1)")
+    p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (default: "
+                   "neuronlocal estimate's price table)")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     p.add_argument("--max-graphs", type=int, help="graphs to compile at most (default: as "
                                                   "many as the powers-of-two baseline)")
@@ -39,6 +44,12 @@ def _problem(args: argparse.Namespace) -> str | None:
     checks = [
         (args.batch < 1, f"--batch is {args.batch}; give at least 1"),
         (args.tp < 1, f"--tp is {args.tp}; give at least 1"),
+        (args.replicas is not None and args.replicas < 1,
+         f"--replicas is {args.replicas}; give at least 1"),
+        (args.instances < 1, f"--instances is {args.instances}; give at least 1"),
+        (args.price_per_hour is not None and not (math.isfinite(args.price_per_hour)
+                                                  and args.price_per_hour >= 0),
+         f"--price-per-hour is {args.price_per_hour}; give a price of 0 or more"),
         (args.max_graphs is not None and args.max_graphs < 2,
          f"--max-graphs is {args.max_graphs}; give at least 2 (one prefill and one decode "
          "graph)"),
@@ -81,6 +92,29 @@ def _minutes(s: float) -> str:
     return f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
+def _lat(r: dict[str, Any], k: str) -> str:
+    text = f"{_ms(r[k]['p50'])} / {_ms(r[k]['p99'])}"
+    return f"unbounded (sim {text})" if r["saturated"] and k == "ttft_ms" else text
+
+
+def _usd(v: float | None, digits: int = 2) -> str:
+    return "unknown" if v is None else f"${v:,.{digits}f}"
+
+
+def overload_warning(out: dict[str, Any]) -> str:
+    """The first line when arrivals exceed what the replicas serve (empty when they do not)."""
+    m, p = out["setup"], out["plan"]
+    if not out["saturated"]:
+        return ""
+    r = p if p["saturated"] else out["baseline"]
+    return (f"WARNING: overloaded: requests arrive at {r['arrival_rps']:.2f}/s (the trace's "
+            f"rate) but {r['replicas']} replica(s) of TP={m['tp']} at batch {m['batch']} serve "
+            f"at most {r['replicas'] * r['capacity_rps']:.2f}/s on this mix (simulated): the "
+            "queue grows for as long as the trace lasts and TTFT is unbounded; "
+            f"{r['replicas_to_keep_up']} replicas would keep up (--replicas/--instances; "
+            "--slo-ttft-p99 finds what meets a target)")
+
+
 def render(out: dict[str, Any]) -> str:
     from neuronlocal.serve import configs
 
@@ -97,24 +131,36 @@ def render(out: dict[str, Any]) -> str:
          f"{100 * b['padding_fraction']:.1f}%"),
         ("wasted KV reads, decode", f"{100 * p['kv_waste_fraction']:.1f}%",
          f"{100 * b['kv_waste_fraction']:.1f}%"),
-        *((f"{k.split('_')[0].upper()} p50 / p99", *(f"{_ms(r[k]['p50'])} / "
-                                                   f"{_ms(r[k]['p99'])}" for r in (p, b)))
+        ("capacity, 1 replica (sim)", *(f"{r['capacity_rps']:.2f} req/s, "
+                                        f"{r['capacity_output_tokens_per_s']:,.0f} out tok/s"
+                                        for r in (p, b))),
+        ("utilisation (sim)", *("offline batch" if r["arrival_rps"] is None else
+                                f"{r['arrival_rps'] / (r['replicas'] * r['capacity_rps']):.0%}"
+                                for r in (p, b))),
+        *((f"{k.split('_')[0].upper()} p50 / p99 (sim)", _lat(p, k), _lat(b, k))
           for k in ("ttft_ms", "tpot_ms")),
         ("unservable requests", str(p["unservable"]), str(b["unservable"])),
+        ("$ per M output tokens", _usd(p["cost_per_million_tokens"], 3),
+         _usd(b["cost_per_million_tokens"], 3)),
         ("cost (docs/serving.md)", f"{p['cost']:.4f}", f"{b['cost']:.4f}"),
     ]
     w = max(len(r[1]) for r in rows) + 2
-    lines = [f"{m['model']}: {m['requests']:,} requests ({m['trace_format']}), one replica of "
-             f"TP={m['tp']} on {m['instance']}, batch {m['batch']}, max length "
-             f"{m['max_len']}", ""]
-    lines.append(f"{'':26}{'plan':{w}}baseline (powers of two from 128)")
-    lines += [f"{name:26}{a:{w}}{c}" for name, a, c in rows]
+    rate = p["arrival_rps"]
+    lines = [line for line in [overload_warning(out)] if line]
+    lines += [f"{m['model']}: {m['requests']:,} requests ({m['trace_format']}, "
+              + ("offline batch" if rate is None else f"arriving at {rate:.2f}/s")
+              + f"), {p['replicas']} replica(s) of TP={m['tp']} "
+              f"({m['replicas_per_instance']} on each of {m['instances']} {m['instance']}, "
+              f"{m['dispatch']}), batch {m['batch']}, max length {m['max_len']}; "
+              f"{_usd(p['cost_per_hour'])}/hour ({m['price_note']})", ""]
+    lines.append(f"{'':28}{'plan':{w}}baseline (powers of two from 128)")
+    lines += [f"{name:28}{a:{w}}{c}" for name, a, c in rows]
     h = m["hbm"]
     lines += ["", f"HBM per core: weights {fmt_bytes(h['weights'])} + KV cache "
               f"{fmt_bytes(h['kv_cache'])} at {m['max_len']} tokens x batch {m['batch']} = "
               f"{fmt_bytes(h['total'])} of {fmt_bytes(h['per_core'])} "
               f"({'fits' if h['fits'] else 'DOES NOT FIT'})"]
-    if not out["dominates"]:
+    if not out["dominates"] or out["saturated"]:
         lines.append(f"note: {out['note']}")
     lines += [f"note: {m[k]}" for k in ("trace_note", "length_note") if m.get(k)]
     lines += [f"estimates: {m['estimates']}", f"warm-up: {m['warmup']}", "",
@@ -131,6 +177,36 @@ def render(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _capacity(requests: list[Any], r: Any, steps: Any, replicas: int, instances: int,
+              usd: float | None, price_note: str) -> dict[str, Any]:
+    """Capacity, saturation and cost of one configuration (simulated, and priced)."""
+    from neuronlocal.serve.capacity import arrival_rate, capacity, cost, keep_up
+
+    cap = capacity(requests, r.ctx, r.tg, steps)
+    rate = arrival_rate(requests)
+    total = replicas * instances
+    c = cost(requests, cap, total, instances, usd, price_note)
+    return {"replicas": total, "instances": instances, "capacity_rps": round(cap.rps, 6),
+            "capacity_output_tokens_per_s": round(cap.output_tps, 3),
+            "capacity_prompt_tokens_per_s": round(cap.prompt_tps, 3),
+            "arrival_rps": None if rate is None else round(rate, 6),
+            "saturated": rate is not None and rate >= total * cap.rps,
+            "replicas_to_keep_up": keep_up(rate, cap),
+            "served_output_tokens_per_s": round(c.served_output_tps, 3),
+            "cost_per_hour": c.per_hour,
+            "cost_per_million_tokens": None if c.per_million_output is None
+            else round(c.per_million_output, 6)}
+
+
+def _dominates_unqueued(f: Any, sides: dict[str, dict[str, Any]]) -> bool:
+    """Overloaded: the plan is no worse on graphs, padding and capacity (latencies left out,
+    as they grow with the trace)."""
+    p, b = f.plan, f.baseline
+    return (p.graphs <= b.graphs and p.sim.unservable <= b.sim.unservable
+            and p.sim.padding_fraction <= b.sim.padding_fraction + 1e-9
+            and sides["plan"]["capacity_rps"] >= sides["baseline"]["capacity_rps"] * (1 - 1e-9))
+
+
 def plan(args: argparse.Namespace) -> dict[str, Any]:
     """The plan as plain data; raises TraceError, WorkloadError or ValueError on bad input."""
     from neuronlocal.estimate import band_width
@@ -138,6 +214,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     from neuronlocal.estimate.rates import instance
     from neuronlocal.estimate.workload import load_config, shape
     from neuronlocal.serve import configs
+    from neuronlocal.serve.capacity import hourly_price
     from neuronlocal.serve.plan import (
         COMPILE_MINUTES,
         COMPILE_MINUTES_BAND,
@@ -155,6 +232,11 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     if cores % args.tp:
         raise ValueError(f"--tp {args.tp} does not divide the {cores} logical cores of "
                          f"{args.instance}; give a divisor of {cores}")
+    replicas = args.replicas or cores // args.tp
+    if replicas * args.tp > cores:
+        raise ValueError(f"--replicas {replicas} at --tp {args.tp} needs {replicas * args.tp} "
+                         f"logical cores; {args.instance} has {cores}: give --replicas "
+                         f"{cores // args.tp} or less, or more --instances")
     cfg = load_config(args.model)
     bad = problems(Layout(args.instance, "decode", tp=args.tp, dp=max(1, cores // args.tp),
                           micro_batch=args.batch, lnc=args.lnc), shape(cfg, 0))
@@ -167,7 +249,12 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     steps, hbm, per_core = step_times(cfg, args.instance, args.tp, args.batch, max_len,
                                       args.lnc)
     minutes = args.compile_minutes or COMPILE_MINUTES
-    f = fit(trace.requests, steps, max_len, args.max_graphs, minutes)
+    total_replicas = replicas * args.instances
+    f = fit(trace.requests, steps, max_len, args.max_graphs, minutes, total_replicas)
+    usd, price_note = hourly_price(args.instance, args.price_per_hour)
+    sides = {k: _capacity(trace.requests, r, steps, replicas, args.instances, usd, price_note)
+             for k, r in (("plan", f.plan), ("baseline", f.baseline))}
+    saturated = any(v["saturated"] for v in sides.values())
     total = sum(hbm.values())
     lo, hi = COMPILE_MINUTES_BAND
     warm = (f"given with --compile-minutes ({minutes:g} min per graph)"
@@ -175,6 +262,8 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             f"{minutes:.1f} min per graph, band {lo:g}-{hi:g} min; {COMPILE_SOURCES}")
     out: dict[str, Any] = {
         "setup": {"model": args.model, "instance": args.instance, "tp": args.tp,
+                  "replicas_per_instance": replicas, "instances": args.instances,
+                  "dispatch": "join-shortest-queue", "price_note": price_note,
                   "batch": args.batch, "max_len": max_len, "requests": len(trace.requests),
                   "trace_format": trace.source, "trace_note": trace.note,
                   "length_note": "" if args.max_len else _position_note(cfg, max_len),
@@ -186,10 +275,17 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                       "step times from neuronlocal estimate's roofline fitted to published "
                       f"Neuron benchmarks (prefill band x/÷{1 + band_width('prefill'):.2f}, "
                       f"decode x/÷{1 + band_width('decode'):.2f}; docs/estimate.md); "
-                      "latencies from the queueing simulation (docs/serving.md)"),
+                      "latencies and capacity from the queueing simulation "
+                      "(docs/serving.md)"),
                   "warmup": warm},
-        "plan": f.plan.as_dict(), "baseline": f.baseline.as_dict(),
-        "dominates": f.dominates, "note": f.note,
+        "plan": {**f.plan.as_dict(), **sides["plan"]},
+        "baseline": {**f.baseline.as_dict(), **sides["baseline"]},
+        "saturated": saturated,
+        "dominates": f.dominates if not saturated else _dominates_unqueued(f, sides),
+        "note": f.note if not saturated else (
+            "arrivals exceed capacity, so p50/p99 latencies measure how long the trace is, not "
+            "the plan: the plan and baseline are compared on graphs, padding and capacity "
+            "only"),
         "configs": {"nxd_inference": configs.nxd_inference(f.plan.ctx, f.plan.tg, args.batch),
                     "vllm_neuron": configs.vllm_neuron(f.plan.ctx, f.plan.tg, args.batch),
                     "generate": configs.generate_snippet(f.plan.ctx, f.plan.tg)},

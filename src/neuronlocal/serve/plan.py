@@ -30,7 +30,7 @@ from neuronlocal.serve.sim import Curve, Sim, StepTimes, percentile, simulate
 from neuronlocal.serve.trace import Request
 
 STEP = 128
-SIM_BUDGET = 1_000_000  # requests simulated in all, over every candidate
+SIM_BUDGET = 8_000_000  # requests x replicas simulated in all, over every candidate
 WARMUP_REQUESTS = 10_000  # requests one warm-up is taken to serve, to price a graph's compile
 # Minutes per graph of neuronx-cc. No published benchmark of compile time exists; the band's
 # top is a reported 45-minute compile, the bottom the "minutes" TorchNeuron documents for a
@@ -59,6 +59,7 @@ class Result:
     sim: Sim
     requests: int
     compile_minutes: float
+    replicas: int = 1
 
     @property
     def graphs(self) -> int:
@@ -124,9 +125,9 @@ class Fit:
 
 
 def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs: int | None,
-        compile_minutes: float = COMPILE_MINUTES) -> Fit:
-    """The plan for `requests` with buckets up to `max_len` (a multiple of STEP) and at most
-    `max_graphs` graphs (None: as many as the baseline has)."""
+        compile_minutes: float = COMPILE_MINUTES, replicas: int = 1) -> Fit:
+    """The plan for `requests` served by `replicas` replicas, with buckets up to `max_len` (a
+    multiple of STEP) and at most `max_graphs` graphs (None: as many as the baseline has)."""
     ok = [r for r in requests if r.prompt + r.output <= max_len]
     if not ok:
         raise ValueError(f"no request fits --max-len {max_len} (prompt + output); raise it")
@@ -135,7 +136,8 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
     n = len(requests)
 
     def run(ctx: list[int], tg: list[int]) -> Result:
-        return Result(ctx, tg, simulate(requests, ctx, tg, steps), n, compile_minutes)
+        return Result(ctx, tg, simulate(requests, ctx, tg, steps, replicas), n,
+                      compile_minutes, replicas)
 
     base = run(base_ctx, base_tg)
     limit = base.graphs if max_graphs is None else max_graphs
@@ -174,7 +176,7 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
     for c, t in order:
         if (tuple(c), tuple(t)) in seen:
             continue
-        if len(results) >= 2 and len(results) * n > SIM_BUDGET:
+        if len(results) >= 2 and len(results) * n * replicas > SIM_BUDGET:
             break
         seen.add((tuple(c), tuple(t)))
         results.append(run(list(c), list(t)))

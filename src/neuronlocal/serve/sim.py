@@ -1,6 +1,6 @@
 """The queueing simulation of a trace on estimated step times, for one bucket plan.
 
-One model replica serves the trace with continuous batching, as vLLM and NxD Inference do:
+Each model replica serves its requests with continuous batching, as vLLM and NxD Inference do:
 up to `batch` requests decode together; a waiting request is prefilled (alone, padded to its
 context-encoding bucket) as soon as a decode slot is free, before the next decode step
 (prefill first); each decode step runs every active request at the batch's compiled size,
@@ -9,12 +9,14 @@ prompt's prefill produces the first token; a request of `output` tokens then tak
 `output - 1` decode steps. Requests arrive at `arrival_s` (all at 0 when the trace has no
 times: an offline batch, served in trace order). Steps between events (a request finishing,
 a bucket boundary, an arrival that can take a free slot) are jumped over in one go, so a
-simulation costs O(requests x buckets), not O(tokens).
+simulation costs O(requests x (buckets + replicas)), not O(tokens). Several replicas take
+the arrivals by join-shortest-queue (`simulate`).
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -96,56 +98,85 @@ def servable(r: Request, ctx: Sequence[int], tg: Sequence[int]) -> bool:
     return r.prompt <= ctx[-1] and r.prompt + r.output <= tg[-1]
 
 
+class _Replica:
+    """One replica's queue and batch; `advance(until)` takes every scheduling decision the
+    replica makes before `until` (the next arrival anywhere, which may join it)."""
+
+    def __init__(self, requests: Sequence[Request], ctx: list[int], tg: list[int],
+                 steps: StepTimes, out: Sim) -> None:
+        self.requests, self.ctx, self.tg, self.steps, self.out = requests, ctx, tg, steps, out
+        self.waiting: deque[int] = deque()
+        self.active: list[list[int]] = []  # [request, cache length after next step, steps left]
+        self.first: dict[int, float] = {}
+        self.ends: list[float] = []  # finish times, kept while they may be in the future
+        self.t = 0.0
+
+    def load(self, t: float) -> int:
+        """Requests dispatched here and not finished at `t` (join-shortest-queue's measure)."""
+        while self.ends and self.ends[0] <= t:
+            heapq.heappop(self.ends)
+        return len(self.waiting) + len(self.active) + len(self.ends)
+
+    def advance(self, until: float) -> None:
+        out, steps, requests, tg = self.out, self.steps, self.requests, self.tg
+        while (self.waiting or self.active) and self.t < until:
+            if self.waiting and len(self.active) < steps.batch:
+                i = self.waiting.popleft()
+                r = requests[i]
+                b = self.ctx[bisect.bisect_left(self.ctx, r.prompt)]
+                dt = steps.prefill(b)
+                self.t += dt
+                out.busy_s += dt
+                out.prefill_tokens += r.prompt
+                out.padded_tokens += b
+                out.padding_s += dt - steps.prefill(r.prompt)
+                out.ttft.append(self.t - r.arrival)
+                self.first[i] = self.t
+                if r.output > 1:
+                    self.active.append([i, r.prompt + 1, r.output - 1])
+                else:
+                    heapq.heappush(self.ends, self.t)
+                continue
+            active = self.active
+            longest = max(a[1] for a in active)
+            b = tg[bisect.bisect_left(tg, longest)]
+            dt = steps.decode(b)
+            n = min(min(a[2] for a in active), b - longest + 1)
+            if len(active) < steps.batch and until < math.inf:
+                n = min(n, max(1, math.ceil((until - self.t) / dt)))
+            self.t += n * dt
+            out.busy_s += n * dt
+            out.wasted_kv_s += n * (dt - steps.decode(longest + (n - 1) // 2))
+            for a in active:
+                out.kv_used += n * a[1] + n * (n - 1) / 2
+                out.kv_read += n * b
+                a[1] += n
+                a[2] -= n
+                if a[2] == 0:
+                    out.tpot.append((self.t - self.first[a[0]]) / (requests[a[0]].output - 1))
+                    heapq.heappush(self.ends, self.t)
+            self.active = [a for a in active if a[2] > 0]
+
+
 def simulate(requests: Sequence[Request], ctx: Sequence[int], tg: Sequence[int],
-             steps: StepTimes) -> Sim:
+             steps: StepTimes, replicas: int = 1) -> Sim:
+    """Serve `requests` on `replicas` identical replicas; each arrival joins the replica with
+    the fewest requests dispatched and not finished (join-shortest-queue, ties to the lowest
+    index); a request no bucket serves is counted unservable and dropped at arrival."""
     ctx, tg = sorted(ctx), sorted(tg)
     out = Sim()
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
-    waiting: deque[int] = deque()
-    active: list[list[int]] = []  # [request, cache length after the next step, steps left]
-    first: dict[int, float] = {}
-    t, nxt = 0.0, 0
-    while nxt < len(order) or waiting or active:
-        while nxt < len(order) and requests[order[nxt]].arrival <= t:
-            waiting.append(order[nxt])
-            nxt += 1
-        if waiting and len(active) < steps.batch:
-            i = waiting.popleft()
-            r = requests[i]
-            if not servable(r, ctx, tg):
-                out.unservable += 1
-                continue
-            b = ctx[bisect.bisect_left(ctx, r.prompt)]
-            dt = steps.prefill(b)
-            t += dt
-            out.busy_s += dt
-            out.prefill_tokens += r.prompt
-            out.padded_tokens += b
-            out.padding_s += dt - steps.prefill(r.prompt)
-            out.ttft.append(t - r.arrival)
-            first[i] = t
-            if r.output > 1:
-                active.append([i, r.prompt + 1, r.output - 1])
+    reps = [_Replica(requests, ctx, tg, steps, out) for _ in range(max(1, replicas))]
+    for i in sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i)):
+        r = requests[i]
+        if not servable(r, ctx, tg):
+            out.unservable += 1
             continue
-        if not active:
-            t = max(t, requests[order[nxt]].arrival)
-            continue
-        longest = max(a[1] for a in active)
-        b = tg[bisect.bisect_left(tg, longest)]
-        dt = steps.decode(b)
-        n = min(min(a[2] for a in active), b - longest + 1)
-        if len(active) < steps.batch and nxt < len(order):
-            n = min(n, max(1, math.ceil((requests[order[nxt]].arrival - t) / dt)))
-        t += n * dt
-        out.busy_s += n * dt
-        out.wasted_kv_s += n * (dt - steps.decode(longest + (n - 1) // 2))
-        for a in active:
-            out.kv_used += n * a[1] + n * (n - 1) / 2
-            out.kv_read += n * b
-            a[1] += n
-            a[2] -= n
-            if a[2] == 0:
-                out.tpot.append((t - first[a[0]]) / (requests[a[0]].output - 1))
-        active = [a for a in active if a[2] > 0]
-    out.makespan_s = t
+        for rep in reps:
+            rep.advance(r.arrival)
+        rep = min(reps, key=lambda x: x.load(r.arrival))
+        rep.t = max(rep.t, r.arrival)
+        rep.waiting.append(i)
+    for rep in reps:
+        rep.advance(math.inf)
+    out.makespan_s = max(rep.t for rep in reps)
     return out

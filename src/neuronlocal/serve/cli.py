@@ -28,6 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=int, default=1, help="instances rented (default 1)")
     p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (default: "
                    "neuronlocal estimate's price table)")
+    for kind, what in (("ttft", "time to first token"), ("tpot", "time per output token")):
+        for q in ("p99", "p50"):
+            p.add_argument(f"--slo-{kind}-{q}", type=float, metavar="S", help=f"target {q} "
+                           f"{what}, seconds: search for the cheapest rental meeting every "
+                           "target given")
+    p.add_argument("--max-instances", type=int, default=16, help="instances the SLO search "
+                   "goes up to (default 16)")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     p.add_argument("--max-graphs", type=int, help="graphs to compile at most (default: as "
                                                   "many as the powers-of-two baseline)")
@@ -40,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _targets(args: argparse.Namespace, prefixed: bool = False) -> dict[str, float]:
+    """The latency targets given, by name ('ttft_p99': seconds)."""
+    names = [f"{k}_{q}" for k in ("ttft", "tpot") for q in ("p50", "p99")]
+    return {f"slo_{n}" if prefixed else n: v for n in names
+            if (v := getattr(args, f"slo_{n}", None)) is not None}
+
+
 def _problem(args: argparse.Namespace) -> str | None:
     checks = [
         (args.batch < 1, f"--batch is {args.batch}; give at least 1"),
@@ -47,6 +61,9 @@ def _problem(args: argparse.Namespace) -> str | None:
         (args.replicas is not None and args.replicas < 1,
          f"--replicas is {args.replicas}; give at least 1"),
         (args.instances < 1, f"--instances is {args.instances}; give at least 1"),
+        (args.max_instances < 1, f"--max-instances is {args.max_instances}; give at least 1"),
+        *((not (math.isfinite(v) and v > 0), f"--{k.replace('_', '-')} is {v}; give a "
+           "positive number of seconds") for k, v in _targets(args, prefixed=True).items()),
         (args.price_per_hour is not None and not (math.isfinite(args.price_per_hour)
                                                   and args.price_per_hour >= 0),
          f"--price-per-hour is {args.price_per_hour}; give a price of 0 or more"),
@@ -163,6 +180,10 @@ def render(out: dict[str, Any]) -> str:
     if not out["dominates"] or out["saturated"]:
         lines.append(f"note: {out['note']}")
     lines += [f"note: {m[k]}" for k in ("trace_note", "length_note") if m.get(k)]
+    if "slo" in out:
+        from neuronlocal.serve.slo import render as render_slo
+
+        lines += ["", *render_slo(out["slo"], m["instance"]), ""]
     lines += [f"estimates: {m['estimates']}", f"warm-up: {m['warmup']}", "",
               configs.render(p["context_buckets"], p["token_buckets"], m["batch"])]
     if "replay" in out:
@@ -290,6 +311,12 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                     "vllm_neuron": configs.vllm_neuron(f.plan.ctx, f.plan.tg, args.batch),
                     "generate": configs.generate_snippet(f.plan.ctx, f.plan.tg)},
     }
+    if _targets(args):
+        from neuronlocal.serve.slo import search
+
+        out["slo"] = search(trace.requests, cfg, args.instance, args.lnc, max_len,
+                            args.max_graphs or f.baseline.graphs, _targets(args),
+                            args.max_instances, usd, price_note, minutes)
     if args.replay:
         out["_replay"] = (trace.requests[: args.replay], f.plan, steps)
     return out

@@ -115,6 +115,50 @@ def decode_lengths(requests: Sequence[Request], step: int = STEP) -> dict[int, f
     return cells
 
 
+def _splits(ok: Sequence[Request], steps: StepTimes, max_ctx: int, max_len: int, limit: int
+            ) -> tuple[dict[int, list[int]], dict[int, list[int]],
+                       list[tuple[float, int, list[int], list[int]]]]:
+    """The exact minimum-padding-cost lists of each kind for every length up to `limit` - 1,
+    and every split of them within `limit` graphs, ranked by their padding cost."""
+    ctx_lists = {k: fit_buckets([r.prompt for r in ok], k, STEP, steps.prefill, max_ctx)
+                 for k in range(1, limit)}
+    cells = decode_lengths(ok)
+    tg_lists = {k: fit_buckets(cells, k, STEP, steps.decode, max_len) if cells else [max_len]
+                for k in range(1, limit)}
+    prompt_cells: dict[int, int] = {}
+    for r in ok:
+        prompt_cells[round_up(r.prompt)] = prompt_cells.get(round_up(r.prompt), 0) + 1
+
+    def proxy(ctx: list[int], tg: list[int]) -> float:
+        pre = sum(w * steps.prefill(next(b for b in ctx if b >= c))
+                  for c, w in prompt_cells.items())
+        dec = sum(w * steps.decode(next(b for b in tg if b >= c)) for c, w in cells.items())
+        return pre + dec / steps.batch
+
+    splits = sorted(((proxy(c, t), len(c) + len(t), c, t) for c in ctx_lists.values()
+                     for t in tg_lists.values() if len(c) + len(t) <= limit),
+                    key=lambda x: (x[0], x[1], x[2], x[3]))
+    return ctx_lists, tg_lists, splits
+
+
+def longest(requests: Sequence[Request], max_len: int) -> tuple[list[Request], int]:
+    """The requests that fit `max_len`, and the largest context bucket they need."""
+    ok = [r for r in requests if r.prompt + r.output <= max_len]
+    if not ok:
+        raise ValueError(f"no request fits --max-len {max_len} (prompt + output); raise it")
+    return ok, min(max_len, round_up(max(r.prompt for r in ok)))
+
+
+def per_graph_count(requests: Sequence[Request], steps: StepTimes, max_len: int, limit: int
+                    ) -> dict[int, tuple[list[int], list[int]]]:
+    """For every graph count up to `limit`, the split the padding cost ranks first."""
+    ok, max_ctx = longest(requests, max_len)
+    out: dict[int, tuple[list[int], list[int]]] = {}
+    for _, g, c, t in _splits(ok, steps, max_ctx, max_len, limit)[2]:
+        out.setdefault(g, (c, t))
+    return dict(sorted(out.items()))
+
+
 @dataclass
 class Fit:
     plan: Result
@@ -128,10 +172,7 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
         compile_minutes: float = COMPILE_MINUTES, replicas: int = 1) -> Fit:
     """The plan for `requests` served by `replicas` replicas, with buckets up to `max_len` (a
     multiple of STEP) and at most `max_graphs` graphs (None: as many as the baseline has)."""
-    ok = [r for r in requests if r.prompt + r.output <= max_len]
-    if not ok:
-        raise ValueError(f"no request fits --max-len {max_len} (prompt + output); raise it")
-    max_ctx = min(max_len, round_up(max(r.prompt for r in ok)))
+    ok, max_ctx = longest(requests, max_len)
     base_ctx, base_tg = baseline(max_ctx, max_len)
     n = len(requests)
 
@@ -143,28 +184,7 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
     limit = base.graphs if max_graphs is None else max_graphs
     if limit < 2:
         raise ValueError("--max-graphs must be at least 2 (one prefill and one decode graph)")
-    ctx_lists = {k: fit_buckets([r.prompt for r in ok], k, STEP, steps.prefill, max_ctx)
-                 for k in range(1, limit)}
-    cells = decode_lengths(ok)
-    tg_lists = {k: fit_buckets(cells, k, STEP, steps.decode, max_len) if cells else [max_len]
-                for k in range(1, limit)}
-
-    prompt_cells: dict[int, int] = {}
-    for r in ok:
-        prompt_cells[round_up(r.prompt)] = prompt_cells.get(round_up(r.prompt), 0) + 1
-
-    def proxy(ctx: list[int], tg: list[int]) -> float:
-        pre = sum(w * steps.prefill(next(b for b in ctx if b >= c))
-                  for c, w in prompt_cells.items())
-        dec = sum(w * steps.decode(next(b for b in tg if b >= c)) for c, w in cells.items())
-        return pre + dec / steps.batch
-
-    # Candidates, in the order they are simulated while SIM_BUDGET lasts (the baseline and
-    # one more always): the split of every graph count the padding cost ranks first; each
-    # fitted list with the baseline's other list; every other split, cheapest first.
-    splits = sorted(((proxy(c, t), len(c) + len(t), c, t) for c in ctx_lists.values()
-                     for t in tg_lists.values() if len(c) + len(t) <= limit),
-                    key=lambda x: (x[0], x[1], x[2], x[3]))
+    ctx_lists, tg_lists, splits = _splits(ok, steps, max_ctx, max_len, limit)
     per_count: dict[int, tuple[list[int], list[int]]] = {}
     for _, g, c, t in splits:
         per_count.setdefault(g, (c, t))
@@ -193,25 +213,34 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
 
 
 def step_times(cfg: Any, instance: str, tp: int, batch: int, max_len: int,
-               lnc: int | None = None) -> tuple[StepTimes, dict[str, float], int]:
+               lnc: int | None = None, counts: dict[tuple[str, int, int, int], Any] | None = None
+               ) -> tuple[StepTimes, dict[str, float], int]:
     """Estimated prefill (batch 1) and decode (batch `batch`) step seconds at lengths 16 and
     the powers of two from 128 to `max_len`, from `neuronlocal estimate`'s model; with the
-    HBM per core (weights, KV cache at `max_len`) and the HBM a core has."""
-    from neuronlocal.estimate import estimate
-    from neuronlocal.estimate.layout import Layout
+    HBM per core (weights, KV cache at `max_len`) and the HBM a core has. `counts` keeps the
+    model's counted work between calls (it depends on the shapes, not on TP)."""
+    from neuronlocal.estimate import FACTORS
+    from neuronlocal.estimate.layout import Layout, Plan, memory
     from neuronlocal.estimate.rates import instance as spec_of
+    from neuronlocal.estimate.workload import count
 
+    cache = {} if counts is None else counts
     cores = spec_of(instance, lnc).cores
+
+    def step(lay: Layout) -> tuple[float, dict[str, float], int]:
+        key = (lay.mode, lay.micro_batch, 1 if lay.mode == "decode" else lay.seq, lay.ctx)
+        if key not in cache:
+            cache[key] = count(cfg, *key)
+        work = cache[key]
+        return Plan(lay, work).breakdown(FACTORS).step, memory(lay, work), lay.spec.hbm_bytes
+
     grid = sorted({16, *default_buckets(max_len, 128)})
     pre: dict[int, float] = {}
     dec: dict[int, float] = {}
     hbm: dict[str, float] = {}
     per_core = 0
     for x in grid:
-        e = estimate(cfg, Layout(instance, "prefill", tp=tp, dp=cores // tp, seq=x, lnc=lnc))
-        pre[x] = e.step
-        d = estimate(cfg, Layout(instance, "decode", tp=tp, dp=cores // tp, micro_batch=batch,
-                                 ctx=x, lnc=lnc))
-        dec[x] = d.step
-        hbm, per_core = d.hbm, d.hbm_per_core
+        pre[x] = step(Layout(instance, "prefill", tp=tp, dp=cores // tp, seq=x, lnc=lnc))[0]
+        dec[x], hbm, per_core = step(Layout(instance, "decode", tp=tp, dp=cores // tp,
+                                            micro_batch=batch, ctx=x, lnc=lnc))
     return StepTimes(Curve(pre), Curve(dec), batch), hbm, per_core

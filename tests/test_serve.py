@@ -294,3 +294,35 @@ def test_replay_serves_without_recompiles(tmp_path, capsys):
     from neuronlocal.serve.cli import render
 
     assert "0 recompiles after warm-up" in render(res)
+
+
+@pytest.mark.slow
+def test_replay_checks_the_queueing_simulation(tmp_path, capsys):
+    """The simulation on the host's own measured step times predicts the replay's measured
+    TTFT and TPOT (p50, p99) within 15%: requests arrive (rescaled to the host) and queue.
+    Skipped, after a loose check, when the host's decode steps themselves vary by more."""
+    import transformers
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**{
+        k: v for k, v in TINY.items() if k != "model_type"})).save_pretrained(tmp_path / "m")
+    rng, t, rows = random.Random(2), 0.0, []
+    for _ in range(24):
+        t += rng.expovariate(1.0)
+        rows.append({"prompt_tokens": rng.randint(10, 120), "output_tokens": rng.randint(12, 40),
+                     "arrival_s": round(t, 3)})
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = _cli(capsys, str(tmp_path / "m"), "--trace", str(path), "--max-len", "384",
+                          "--max-graphs", "3", "--replay", "24", "--json")
+    assert code == 0, err
+    r = json.loads(out)["replay"]
+    assert r["error"] is None and r["recompiles_after_warmup"] == 0 and r["requests"] == 24
+    q = r["queueing_check"]
+    assert q["host_ttft_ms"]["p99"] > 1.5 * q["host_ttft_ms"]["p50"]  # requests did queue
+    errors = q["relative_error"]
+    assert all(abs(e) <= 0.6 for e in errors.values()), q
+    if q["host_tpot_spread"] > 0.15:  # the slowest request's TPOT vs the median one's
+        pytest.skip(f"the host's own decode steps vary by {q['host_tpot_spread']:.0%} "
+                    f"between requests (a loaded machine): a 15% check is noise; {errors}")
+    assert all(abs(e) <= 0.15 for e in errors.values()), q

@@ -105,6 +105,10 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else (f"{v:.1f} ms" if v < 1e4 else f"{v / 1e3:.2f} s")
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:+.0f}%"
+
+
 def _minutes(s: float) -> str:
     return f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
@@ -195,6 +199,12 @@ def render(out: dict[str, Any]) -> str:
                   f"{_ms(r['estimated_ttft_ms']['p50'])}, TPOT "
                   f"{_ms(r['estimated_tpot_ms']['p50'])}); outputs match the unpadded run: "
                   f"{r['outputs_match']}"]
+        q = r["queueing_check"]
+        cells = [f"{k.upper()} {n}: measured {_ms(q[f'host_{k}_ms'][n])}, simulated "
+                 f"{_ms(q[f'simulated_{k}_ms'][n])} ({_pct(q['relative_error'][f'{k}_{n}'])})"
+                 for k in ("ttft", "tpot") for n in ("p50", "p99")]
+        lines.append("queueing check (arrivals rescaled to the host; simulation on the "
+                     "replay's measured step times): " + "; ".join(cells))
     return "\n".join(lines)
 
 

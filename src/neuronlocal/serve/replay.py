@@ -14,14 +14,19 @@ bucket, one decode step at the plan's batch), without queueing.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from neuronlocal.serve.sim import StepTimes, percentile
+from neuronlocal.serve.sim import Curve, StepTimes, percentile, simulate
 from neuronlocal.serve.trace import Request
+
+CALIBRATION_RUNS = 3
+DECODE_TOKENS = 8  # decode steps a calibration run times, at least
+HOST_UTILISATION = 0.6
 
 
 class _Clock:
@@ -58,6 +63,7 @@ def replay(folder: str, requests: Sequence[Request], ctx: list[int], tg: list[in
     caches: dict[int, Any] = {}
 
     def generate(ids: torch.Tensor, new: int) -> tuple[torch.Tensor, _Clock, int, int, float]:
+        start = time.perf_counter()  # padding and the cache's reset are serving time too
         padded, mask = pad_to_bucket(ids, ctx, pad, side="left")
         size = bucket_for(padded.shape[-1] + new, tg)
         if size not in caches:
@@ -65,7 +71,6 @@ def replay(folder: str, requests: Sequence[Request], ctx: list[int], tg: list[in
         cache = caches[size]
         cache.reset()
         clock = _Clock()
-        start = time.perf_counter()
         out = dev.generate(padded.to("neuron"), attention_mask=mask.to("neuron"), cache=cache,
                            max_new_tokens=new, min_new_tokens=new, do_sample=False,
                            streamer=clock)
@@ -83,44 +88,138 @@ def _serve(cpu: Any, generate: Any, requests: Sequence[Request], ctx: list[int],
 
     gen = torch.Generator().manual_seed(0)
     vocab = int(cpu.config.vocab_size)
-    warmed = []
+
+    def prompt(n: int) -> torch.Tensor:
+        return torch.randint(0, vocab, (1, n), generator=gen)
+
     start_graphs = dynamo_metrics.next_graph_id()  # counts graphs without estimating them
-    for size in tg:  # one decode graph per token bucket, reached from the smallest prompt
-        b = next((b for b in ctx if b + 2 <= size), None)
-        if b is not None:
-            generate(torch.randint(0, vocab, (1, b), generator=gen), 2)
-            warmed.append(size)
-    for b in ctx:  # every context bucket's prefill, into the smallest cache that holds it
-        if any(b + 2 <= size for size in tg):
-            generate(torch.randint(0, vocab, (1, b), generator=gen), 2)
+    host, warmed = _calibrate(generate, prompt, ctx, tg)
     before = dynamo_metrics.next_graph_id()
-    ttft, tpot, est_ttft, est_tpot, matches, skipped = [], [], [], [], [], 0
+    served: list[tuple[Request, int, int, torch.Tensor]] = []
+    skipped = 0
+    for r in requests:
+        b = bucket_for(r.prompt, ctx) if r.prompt <= ctx[-1] else None
+        if b is None or b + r.output > tg[-1]:
+            skipped += 1  # generate's cache holds the padded prompt: no token bucket fits
+            continue
+        served.append((r, b, bucket_for(b + r.output, tg), prompt(r.prompt)))
+    arrivals = _host_arrivals([r for r, *_ in served], [b for _, b, *_ in served],
+                              [size for *_, size, _ in served], host)
+    ttft, tpot, outs, tails = [], [], [], []
+    prefills: dict[int, list[float]] = {}
+    decodes: dict[int, list[float]] = {}
     error = None
     with torch.compiler.set_stance("fail_on_recompile"):
-        for r in requests:
-            b = bucket_for(r.prompt, ctx) if r.prompt <= ctx[-1] else None
-            if b is None or b + r.output > tg[-1]:
-                skipped += 1  # generate's cache holds the padded prompt: no token bucket fits
-                continue
-            ids = torch.randint(0, vocab, (1, r.prompt), generator=gen)
+        t0 = time.perf_counter()
+        for (r, *_, ids), a in zip(served, arrivals, strict=True):
+            time.sleep(max(0.0, t0 + a - time.perf_counter()))  # the request arrives
             try:
                 tokens, clock, b, size, start = generate(ids, r.output)
             except Exception as e:  # noqa: BLE001 - a recompile under the stance, reported
                 error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 break
-            ref = cpu.generate(ids, max_new_tokens=r.output, min_new_tokens=r.output,
-                               do_sample=False)[0, r.prompt:]
-            matches.append(bool(torch.equal(tokens, ref)))
-            ttft.append(clock.times[0] - start)
+            end = time.perf_counter()
+            outs.append(tokens)
+            ttft.append(clock.times[0] - (t0 + a))
+            prefills.setdefault(b, []).append(clock.times[0] - start)
+            tails.append(end - clock.times[-1])
             if len(clock.times) > 1:
                 tpot.append((clock.times[-1] - clock.times[0]) / (len(clock.times) - 1))
-            est_ttft.append(steps.prefill(b))
-            est_tpot.append(steps.decode(size))
+                d = decodes.setdefault(size, [0.0, 0.0])
+                d[0] += clock.times[-1] - clock.times[0]
+                d[1] += len(clock.times) - 1
     after = dynamo_metrics.next_graph_id()
+    host = _measured(host, prefills, decodes)
+    matches = [bool(torch.equal(tokens, cpu.generate(
+        ids, max_new_tokens=r.output, min_new_tokens=r.output, do_sample=False)[0, r.prompt:]))
+        for tokens, (r, *_, ids) in zip(outs, served, strict=False)]
+    done = [Request(r.prompt, r.output, a) for (r, *_), a in zip(served, arrivals, strict=False)
+            ][: len(outs)]
+    sim = simulate(done, ctx, tg, host) if done else None
+    check: dict[str, Any] = {"host_ttft_ms": _ms(ttft), "host_tpot_ms": _ms(tpot),
+             "simulated_ttft_ms": _ms(sim.ttft if sim else []),
+             "simulated_tpot_ms": _ms(sim.tpot if sim else []),
+             "host_prefill_ms": {b: round(host.prefill(b) * 1e3, 3) for b in host.prefill.xs},
+             "host_decode_ms": {s: round(host.decode(s) * 1e3, 3) for s in host.decode.xs},
+             "host_after_last_token_ms": _ms(tails),
+             "host_tpot_spread": None if not tpot or not statistics.median(tpot) else
+             round(max(tpot) / statistics.median(tpot) - 1, 4)}
+    check["relative_error"] = {f"{k}_{q}": _rel(check[f"simulated_{k}_ms"][q],
+                                                check[f"host_{k}_ms"][q])
+                               for k in ("ttft", "tpot") for q in ("p50", "p99")}
     return {"requests": len(matches), "skipped_no_bucket": skipped,
             "graphs_warmed": before - start_graphs,
             "token_buckets_warmed": warmed,
             "recompiles_after_warmup": after - before,
             "error": error, "outputs_match": bool(matches) and all(matches),
-            "host_ttft_ms": _ms(ttft), "host_tpot_ms": _ms(tpot),
-            "estimated_ttft_ms": _ms(est_ttft), "estimated_tpot_ms": _ms(est_tpot)}
+            "host_ttft_ms": check["host_ttft_ms"], "host_tpot_ms": check["host_tpot_ms"],
+            "arrivals_s": [round(a, 6) for a in arrivals], "queueing_check": check,
+            "estimated_ttft_ms": _ms([steps.prefill(b) for _, b, *_ in served]),
+            "estimated_tpot_ms": _ms([steps.decode(size) for *_, size, _ in served])}
+
+
+def _measured(calibrated: StepTimes, prefills: dict[int, list[float]],
+              decodes: dict[int, list[float]]) -> StepTimes:
+    """Step times from the replay's own requests: per context bucket the mean time from
+    generate's call to the first token, per cache size the mean decode step (seconds over
+    steps), so the simulated replica does the work the host did; calibrated where no request
+    used a bucket."""
+    pre = {b: calibrated.prefill(b) for b in calibrated.prefill.xs}
+    dec = {s: calibrated.decode(s) for s in calibrated.decode.xs}
+    pre.update({b: statistics.fmean(v) for b, v in prefills.items()})
+    dec.update({s: t / n for s, (t, n) in decodes.items()})
+    return StepTimes(Curve(pre), Curve(dec), 1)
+
+
+def _rel(sim: float | None, measured: float | None) -> float | None:
+    return None if sim is None or not measured else round(sim / measured - 1, 4)
+
+
+def _calibrate(generate: Any, prompt: Any, ctx: list[int], tg: list[int]
+               ) -> tuple[StepTimes, list[int]]:
+    """Warm every graph, then time it: each context bucket's prefill (the time to the first
+    token, generate's setup included) and each token bucket's decode step, landed on by a
+    prompt of the smallest context bucket and enough new tokens to need that cache; prompts
+    are padded (half-way between buckets), as the trace's are. Each is
+    timed CALIBRATION_RUNS times after a warm-up run; the median is kept."""
+    from neuronlocal.compile.bucketing import bucket_for
+
+    def timed(b: int, new: int) -> list[tuple[float, float]]:
+        below = max([0, *(c for c in ctx if c < b)])
+        ids = prompt(b - (b - below) // 2)  # left-padded to b, as most requests are
+        runs = []
+        for _ in range(CALIBRATION_RUNS + 1):
+            _, clock, _, _, start = generate(ids, new)
+            t = clock.times
+            runs.append((t[0] - start, (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else 0.0))
+        return runs[1:]
+
+    pre: dict[int, float] = {}
+    dec: dict[int, float] = {}
+    for i, size in enumerate(tg):
+        b = ctx[0]
+        new = max((tg[i - 1] if i else 0) + 1 - b, min(DECODE_TOKENS, size - b))
+        if new >= 2 and b + new <= size and bucket_for(b + new, tg) == size:
+            dec[size] = statistics.median(tpot for _, tpot in timed(b, new))
+    for b in ctx:
+        if b + 2 <= tg[-1]:
+            pre[b] = statistics.median(ttft for ttft, _ in timed(b, 2))
+    warmed = sorted(dec)
+    return StepTimes(Curve(pre or {1: 0.0}), Curve(dec or {1: 0.0}), 1), warmed
+
+
+def _host_arrivals(reqs: list[Request], ctx_of: list[int], size_of: list[int],
+                   host: StepTimes) -> list[float]:
+    """The trace's arrival times, rescaled so the host is HOST_UTILISATION busy serving them
+    one at a time (unscaled, a Trainium trace would be all queue on the host); all at 0 for
+    an offline batch."""
+    if not reqs:
+        return []
+    first = min(r.arrival for r in reqs)
+    span = max(r.arrival for r in reqs) - first
+    if span <= 0 or len(reqs) < 2:
+        return [0.0] * len(reqs)
+    service = sum(host.prefill(b) + (r.output - 1) * host.decode(size)
+                  for r, b, size in zip(reqs, ctx_of, size_of, strict=True)) / len(reqs)
+    scale = service / HOST_UTILISATION / (span / (len(reqs) - 1))
+    return [(r.arrival - first) * scale for r in reqs]

@@ -106,3 +106,22 @@ def test_default_replicas_fill_the_instance(tmp_path, capsys):
 def test_bad_capacity_input_is_one_line(tmp_path, capsys, extra, message):
     code, out, err = _run(capsys, tmp_path, *extra)
     assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("positions,warned", [(1024, True), (131072, False)])
+def test_max_position_embeddings_is_read_from_the_config(tmp_path, capsys, positions, warned):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**TINY, "max_position_embeddings": positions}))
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"prompt_tokens": 1000, "output_tokens": 100}\n'
+                    '{"prompt_tokens": 500, "output_tokens": 100}\n')
+    code = main(["serve-plan", str(cfg), "--trace", str(path), "--json"])
+    note = json.loads(capsys.readouterr().out)["setup"]["length_note"]
+    assert code == 0 and (f"max_position_embeddings {positions}" in note) == warned
+    assert ("--max-len 1024 or less" in note) == warned
+    if warned:  # the advice applied: no warning, the longer request unservable
+        code = main(["serve-plan", str(cfg), "--trace", str(path), "--max-len", "1024",
+                     "--json"])
+        res = json.loads(capsys.readouterr().out)
+        assert code == 0 and res["setup"]["length_note"] == ""
+        assert res["plan"]["unservable"] == 1

@@ -92,12 +92,13 @@ def _max_len(args: argparse.Namespace, requests: list[Any]) -> int:
 
 
 def _position_note(cfg: Any, max_len: int) -> str:
+    """A warning when the plan serves more positions than the model's config has."""
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     if limit and max_len > int(limit):
-        return (f"max length {max_len} is over the config's max_position_embeddings {limit} "
-                "(a preset or model type gets transformers' default); check the real model's "
-                "limit or give --max-len")
+        return (f"max length {max_len} is over the model config's max_position_embeddings "
+                f"{limit}: the model is not trained that long; give --max-len {int(limit)} or "
+                "less (requests longer than it are then unservable), or check the config")
     return ""
 
 
@@ -297,7 +298,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                   "dispatch": "join-shortest-queue", "price_note": price_note,
                   "batch": args.batch, "max_len": max_len, "requests": len(trace.requests),
                   "trace_format": trace.source, "trace_note": trace.note,
-                  "length_note": "" if args.max_len else _position_note(cfg, max_len),
+                  "length_note": _position_note(cfg, max_len),
                   "candidates_simulated": f.candidates,
                   "hbm": {"weights": hbm.get("weights", 0.0),
                           "kv_cache": hbm.get("kv_cache", 0.0), "total": total,

@@ -6,9 +6,11 @@ weights and KV cache at --max-len fit a core's HBM) x buckets (the powers-of-two
 for every graph count within --max-graphs, the fitted split the padding cost ranks first).
 Each instance holds cores / TP replicas, all used: the price is per instance, so more replicas
 never cost more. Instance counts are tried in increasing order; the first at which some
-configuration meets every target is the cheapest, and among those the fewest graphs (the
-shortest warm-up) wins, then the lowest p99 TTFT. The cheapest powers-of-two configuration
-is searched the same way with the baseline buckets only.
+configuration meets every target is the cheapest; among those the lowest cost per output
+token (the same for all when they keep up with the arrivals; for an offline batch, the
+highest capacity), then the fewest graphs (the shortest warm-up), then the lowest p99 TTFT.
+The cheapest powers-of-two configuration is searched the same way with the baseline buckets
+only.
 
 Pruned without simulating: a (TP, batch) whose replicas cannot keep up with the arrival rate
 (simulated capacity), or whose unqueued latency already misses a target (each prompt's
@@ -122,10 +124,6 @@ def _pairs(requests: Sequence[Request], cfg: Any, instance: str, lnc: int | None
     return out
 
 
-def _rank(t: _Tried) -> tuple[int, float]:
-    return t.graphs, t.ratios.get("ttft_p99", 0.0)
-
-
 def _fitted(p: _Pair, n: int, run: Any, max_len: int, max_graphs: int,
             requests: Sequence[Request]) -> list[_Tried]:
     """The fitted split with the fewest graphs that meets the targets on `n` instances (tried
@@ -160,6 +158,16 @@ def search(requests: Sequence[Request], cfg: Any, instance: str, lnc: int | None
         tried.append(t)
         return t
 
+    trace_out = None if rate is None else sum(r.output for r in requests) / (
+        max(r.arrival for r in requests) - min(r.arrival for r in requests))
+
+    def _rank(t: _Tried) -> tuple[float, int, float]:
+        """Cheapest per output token first (the rental serves the trace's rate, or its
+        capacity for an offline batch), then the fewest graphs, then the lowest p99 TTFT."""
+        served = t.instances * t.pair.replicas_each * t.pair.cap.output_tps
+        served = served if trace_out is None else min(served, trace_out)
+        return -round(served, 6), t.graphs, t.ratios.get("ttft_p99", 0.0)
+
     best: _Tried | None = None
     pow2: _Tried | None = None
     for n in range(1, max_instances + 1):
@@ -176,7 +184,7 @@ def search(requests: Sequence[Request], cfg: Any, instance: str, lnc: int | None
                 if b.meets and b.graphs <= max_graphs:
                     found.append(b)
             util = None if rate is None else rate / (n * p.replicas_each * p.cap.rps)
-            if not b.meets and (util is None or util < MIN_UTILISATION):
+            if not b.meets and util is not None and util < MIN_UTILISATION:
                 p.live = False
         if found and best is None:
             best = min(found, key=_rank)
@@ -268,7 +276,8 @@ def render(slo: dict[str, Any], instance: str) -> list[str]:
             f" (price table; simulated throughput)",
             f"    buckets {d['context_buckets']} / {d['token_buckets']}: {d['graphs']} graphs, "
             f"warm-up {d['warmup_s'] / 60:.0f} min (assumed minutes per graph); HBM per core "
-            f"{d['hbm_per_core_bytes'] / 2**30:.2f} of {d['hbm_core_bytes'] / 2**30:.0f} GiB",
+            f"{d['hbm_per_core_bytes'] / 2**30:.2f} of {d['hbm_core_bytes'] / 2**30:.0f} GiB "
+            "(estimated)",
             f"    simulated TTFT p50 / p99 {lat['ttft_p50']} / {lat['ttft_p99']} ms, TPOT "
             f"{lat['tpot_p50']} / {lat['tpot_p99']} ms{util}",
         ]

@@ -231,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     p_est.set_defaults(func=cmd_estimate)
     from neuronlocal.serve.cli import add_arguments as serve_arguments
 
-    p_serve = sub.add_parser("serve-plan", help="bucket lists, graphs, warm-up and p99 latency "
-                                                "for a traffic trace, against powers of two")
+    p_serve = sub.add_parser("serve-plan", help="bucket lists, replicas, capacity, cost and "
+                                                "p99 latency for a traffic trace, against "
+                                                "powers of two; the cheapest rental for a "
+                                                "latency target")
     serve_arguments(p_serve)
     p_serve.set_defaults(func=cmd_serve_plan)
     args = parser.parse_args(argv)

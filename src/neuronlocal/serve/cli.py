@@ -162,7 +162,7 @@ def render(out: dict[str, Any]) -> str:
         *((f"{k.split('_')[0].upper()} p50 / p99 (sim)", _lat(p, k), _lat(b, k))
           for k in ("ttft_ms", "tpot_ms")),
         ("unservable requests", str(p["unservable"]), str(b["unservable"])),
-        ("$ per M output tokens", _usd(p["cost_per_million_tokens"], 3),
+        ("$ per M out tokens (sim)", _usd(p["cost_per_million_tokens"], 3),
          _usd(b["cost_per_million_tokens"], 3)),
         ("cost (docs/serving.md)", f"{p['cost']:.4f}", f"{b['cost']:.4f}"),
     ]

@@ -414,6 +414,47 @@ def test_capture_costs_eager_steps_and_graph_calls_and_leaves_no_mode():
     assert snap["summary"]["usd_per_hour"] == rates.PRICES[snap["instance"]].usd_per_hour
 
 
+def test_eager_steps_pay_one_kernel_launch_per_op_and_compiled_is_shown_beside():
+    """TorchNeuron runs each eager op as its own kernel: a step of eager ops costs its
+    roofline (unfused) plus a launch per op, at an assumed cost whose range widens the
+    band; the same ops compiled (fused, one graph launch) are estimated next to it."""
+    from neuronlocal.estimate import view
+    from neuronlocal.estimate.roofline import EAGER_LAUNCH_MIN_S, eager_launch
+
+    per, low, high = eager_launch(fitted.FACTORS)
+    assert low == EAGER_LAUNCH_MIN_S < per < high == fitted.FACTORS.launch
+    assert per == pytest.approx(math.sqrt(low * high))
+    model = torch.nn.Sequential(*(m for _ in range(4) for m in (torch.nn.Linear(64, 64),
+                                                                 torch.nn.GELU()))).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 64, device="neuron")
+    with capture.capturing() as cap:
+        model(x).sum().backward()
+        opt.step()
+    snap = cap.snapshot()
+    step = snap["steps"][0]
+    n = step["eager_launches"]
+    assert n == step["eager_ops"] > 20
+    assert step["launch_s"] == pytest.approx(n * per)
+    assert step["estimated_s"] > n * per > step["compiled_s"] > 0
+    lo, hi = step["band_s"]
+    assert lo < step["estimated_s"] < hi and lo > n * low and hi > n * high
+    assert step["compiled_band_s"][0] < step["compiled_s"] < step["compiled_band_s"][1]
+    text = view.text(snap)
+    assert "compiled ms" in text and "eager as run" in text
+    assert "no published per-launch figure exists" in text and "faster" in text
+
+
+def test_full_size_estimate_shows_eager_next_to_compiled(capsys):
+    est = estimate.estimate("llama-3.1-8b", Layout("trn2.48xlarge", tp=8, dp=8, seq=4096))
+    step, lo, hi = est.eager
+    assert lo < step < hi and step > est.step and est.launches > 1000
+    assert est.as_dict()["eager_step_s"] == step
+    assert cli.main(["estimate", "llama-3.1-8b", "--tp", "8", "--seq", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "eager step" in out and "no published per-launch figure exists" in out
+
+
 def test_run_report_shows_estimated_step_and_cost(tmp_path, capfd):
     script = tmp_path / "train.py"
     script.write_text(

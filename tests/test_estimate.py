@@ -15,7 +15,15 @@ from torch import fx
 
 from neuronlocal import cli, estimate
 from neuronlocal.core.hardware import TRAINIUM1, TRAINIUM2, TRAINIUM3, GiB
-from neuronlocal.estimate import calibrate, capture, fitted, published, rates, workload
+from neuronlocal.estimate import (
+    calibrate,
+    capture,
+    fitted,
+    presets,
+    published,
+    rates,
+    workload,
+)
 from neuronlocal.estimate.counting import Counter
 from neuronlocal.estimate.layout import Layout, problems
 from neuronlocal.estimate.roofline import Factors
@@ -348,6 +356,91 @@ def test_cli_decode_and_unknown_price(capsys):
 def test_does_not_fit_is_reported():
     est = estimate.estimate("llama-3.1-70b", Layout("trn2.48xlarge", tp=1, dp=64, seq=4096))
     assert not est.fits and est.hbm["optimizer"] > 0
+
+
+# ---- presets and architectures ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(presets.PUBLISHED))
+def test_preset_builds_with_the_published_parameter_count(name):
+    """Each preset of a current model builds (on meta) to the size its model card states."""
+    params = workload.param_count(workload.load_config(name)) / 1e9
+    assert params == pytest.approx(presets.PUBLISHED[name], rel=0.02)
+
+
+# Values of the models' published config.json files (Hugging Face repos meta-llama/
+# Llama-3.1-8B, Qwen/Qwen3-8B, Qwen/Qwen3-30B-A3B, openai/gpt-oss-20b,
+# mistralai/Mixtral-8x7B-v0.1).
+PUBLISHED_CONFIGS = {
+    "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                     "rope": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                              "original_max_position_embeddings": 8192}},
+    "qwen3-8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                 "vocab_size": 151936, "max_position_embeddings": 40960,
+                 "tie_word_embeddings": False, "rope": {"rope_theta": 1000000.0}},
+    "qwen3-30b-a3b": {"hidden_size": 2048, "moe_intermediate_size": 768,
+                      "num_hidden_layers": 48, "num_attention_heads": 32,
+                      "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+                      "vocab_size": 151936, "max_position_embeddings": 40960},
+    "gpt-oss-20b": {"hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                    "num_local_experts": 32, "num_experts_per_tok": 4, "vocab_size": 201088,
+                    "max_position_embeddings": 131072, "sliding_window": 128,
+                    "rope": {"rope_type": "yarn", "factor": 32.0, "rope_theta": 150000.0,
+                             "original_max_position_embeddings": 4096}},
+    "mixtral-8x7b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+                     "max_position_embeddings": 32768, "rope": {"rope_theta": 1000000.0}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_CONFIGS))
+def test_preset_config_matches_the_published_config(name):
+    cfg = workload.load_config(name)
+    want = dict(PUBLISHED_CONFIGS[name])
+    rope = want.pop("rope", {})
+    assert {k: getattr(cfg, k) for k in want} == want
+    assert {k: cfg.rope_parameters[k] for k in rope} == rope
+    if name == "gpt-oss-20b":
+        assert cfg.layer_types[:2] == ["sliding_attention", "full_attention"]
+
+
+def _tiny_gpt_oss(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "model_type": "gpt_oss", "num_hidden_layers": 4, "hidden_size": 64,
+        "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 256,
+        "layer_types": ["sliding_attention", "full_attention"] * 2}))
+    return path
+
+
+def test_model_without_sdpa_is_counted_with_fused_attention_and_its_experts(tmp_path, capsys):
+    """GPT-OSS has no SDPA path in transformers (attention sinks): it is counted with one
+    fused attention op per layer, and its experts' grouped matmuls as tensor-engine work
+    for the experts each token is routed to."""
+    cfg = workload.load_config(str(_tiny_gpt_oss(tmp_path)))
+    tokens, layers = 32, 4
+    work = workload.count(cfg, "prefill", 1, tokens)
+    fused = [op for op in work.forward.ops if op.engine == "tensor" and op.vector]
+    assert sum(work.forward.ops[op] for op in fused) == layers  # one attention per layer
+    experts = 2 * tokens * 2 * 3 * 64 * 64 * layers  # top-2 of gate, up and down projections
+    assert work.forward.tensor_flops > experts
+    assert cli.main(["estimate", str(tmp_path / "config.json"), "--tp", "2", "--seq", "32"]) == 0
+    assert "step time" in capsys.readouterr().out
+
+
+def test_grouped_matmul_flops():
+    from neuronlocal.estimate.counting import Counter as OpCounter
+
+    a = torch.randn(16, 8, dtype=torch.bfloat16)
+    b = torch.randn(2, 8, 8, dtype=torch.bfloat16)
+    with OpCounter() as c:
+        torch._grouped_mm(a, b, offs=torch.tensor([8, 16], dtype=torch.int32))
+    assert c.tally.tensor_flops == 2 * 16 * 8 * 8
 
 
 # ---- estimates on compiled graphs, eager steps and the run report --------------------------

@@ -143,6 +143,22 @@ def test_one_warning_per_fallback_op_and_none_for_views(fresh_python):
     assert fallbacks == {"aten::atan2.out": 3, "aten::view_as_real": 1}
 
 
+def test_fallback_warning_points_at_the_calling_line_not_a_cpp_source(tmp_path, fresh_python):
+    script = tmp_path / "prog.py"
+    script.write_text("import warnings, torch\n"
+                      "x = torch.randn(3).to('neuron')\n"
+                      "with warnings.catch_warnings(record=True) as caught:\n"
+                      "    warnings.simplefilter('always')\n"
+                      "    torch.atan2(x, x)\n"
+                      "w, = [w for w in caught if 'CPU fallback' in str(w.message)]\n"
+                      "print(w.filename, w.lineno, str(w.message))\n")
+    r = fresh_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
+    assert r.returncode == 0, r.stderr
+    filename, line, message = r.stdout.strip().split(" ", 2)
+    assert (filename, line) == (str(script), "5")
+    assert "Triggered internally" not in message and ".cpp" not in message
+
+
 def test_strict_names_the_op_that_falls_back(placement_policy):
     a = torch.randn(3).to("neuron")
     placement_policy(strict=True)

@@ -36,9 +36,14 @@ def histc_host(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0
     return torch.histc(x.double(), bins, min, max).to(x.dtype)
 
 
-def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+def _histc_device(self: torch.Tensor, bins: int, min: float, max: float) -> torch.Tensor:
     out = histc_host(_C._cpu_alias(self), bins, min, max)
     return _C._bridge_out([out], self.device.index)[0]
+
+
+def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    _C._record_executed("aten::histc", "")
+    return _histc_device(self, bins, min, max)
 
 
 def _histc_out(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0, *,
@@ -50,7 +55,8 @@ def _histc_out(self: torch.Tensor, bins: int = 100, min: float = 0, max: float =
             raise RuntimeError("torch.histogram: input tensor and hist tensor should have the "
                                f"same dtype, but got input {self.dtype} and hist {out.dtype}")
         torch.histc(_C._cpu_alias(self), bins, min, max, out=_C._cpu_alias(out))
-    result = _histc(self, bins, min, max)
+    _C._record_executed("aten::histc", "out")
+    result = _histc_device(self, bins, min, max)
     out.resize_(result.shape)
     return out.copy_(result)
 
@@ -70,6 +76,26 @@ def _linear_backward(self: torch.Tensor, grad_output: torch.Tensor, weight: torc
 
 
 _composite = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def _plain(args: Any) -> bool:
+    """Whether an op's tensor arguments are plain tensors (not the fake or functional ones of
+    a compile's tracing, which runs no op on the device)."""
+    return all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args
+               if isinstance(a, torch.Tensor))
+
+
+def _tracked_implicit(name: str) -> Any:
+    """An autograd kernel for a CompositeImplicitAutograd op TorchNeuron registers: records
+    it as executed, then runs its composite, as torch does without this kernel."""
+    op = getattr(torch.ops.aten, name).default
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if _plain(args):
+            _C._record_executed(f"aten::{name}", "")
+        return op.decompose(*args, **kwargs)
+
+    return kernel
 
 
 def _contiguous(self: torch.Tensor,
@@ -119,6 +145,8 @@ def register() -> None:
     _lib.impl("histc.out", _histc_out, "PrivateUse1")
     _lib.impl("contiguous", _contiguous, "AutogradPrivateUse1")
     _lib.impl("linear_backward", _linear_backward, "PrivateUse1")
+    for name in ops.TRACKED_IMPLICIT:
+        _lib.impl(name, _tracked_implicit(name), "AutogradPrivateUse1")
     sync_batch_norm.register(_lib)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in sorted(ops.float64_ops()):

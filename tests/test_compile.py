@@ -121,6 +121,23 @@ def test_changing_sequence_lengths_default_dynamo_config(kind):
     assert seqs == [10, 17, 23]
 
 
+def test_static_shapes_warning_points_at_the_users_line(tmp_path, fresh_python):
+    """The advice about dynamic shapes names the program's line that compiled, not the
+    backend's file."""
+    script = tmp_path / "prog.py"
+    script.write_text("import warnings, torch\n"
+                      "f = torch.compile(lambda x: x * 2, backend='neuron')\n"
+                      "with warnings.catch_warnings(record=True) as caught:\n"
+                      "    warnings.simplefilter('always')\n"
+                      "    for n in (3, 4, 5):\n"
+                      "        f(torch.ones(n, device='neuron'))\n"
+                      "w, = [w for w in caught if 'static shapes' in str(w.message)]\n"
+                      "print(w.filename, w.lineno)\n")
+    r = fresh_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(script), "6"]
+
+
 def test_training_matches_eager_over_steps():
     cpu = mlp()
     dev = copy.deepcopy(cpu).to("neuron")

@@ -875,6 +875,30 @@ def test_histc_accepts_integers_like_device_kernels():
     torch.testing.assert_close(torch.histc(floats.to("neuron"), 5).cpu(), torch.histc(floats, 5))
 
 
+def test_linear_backward_is_a_device_kernel():
+    """TorchNeuron registers aten::linear_backward (ATen's CPU has no kernel for it): its
+    gradients match autograd's on CPU, masked-off ones are empty, and it is tracked as
+    executed, not as a CPU fallback."""
+    import torch_neuronx
+
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    w = torch.randn(5, 4, requires_grad=True)
+    b = torch.randn(5, requires_grad=True)
+    g = torch.randn(2, 3, 5)
+    torch.nn.functional.linear(x, w, b).backward(g)
+    torch_neuronx.clear_op_tracking()
+    gi, gw, gb = torch.ops.aten.linear_backward(x.detach().to("neuron"), g.to("neuron"),
+                                                w.detach().to("neuron"), [True, True, True])
+    for got, want in ((gi, x.grad), (gw, w.grad), (gb, b.grad)):
+        assert got.device.type == "neuron"
+        torch.testing.assert_close(got.cpu(), want)
+    assert torch_neuronx.get_executed_ops().get("aten::linear_backward") == 1
+    assert not any("linear" in op for op in torch_neuronx.get_fallback_ops())
+    only_input = torch.ops.aten.linear_backward(x.detach().to("neuron"), g.to("neuron"),
+                                                w.detach().to("neuron"), [True, False, False])
+    assert only_input[1].numel() == only_input[2].numel() == 0
+
+
 def test_histc_out_dtype_mismatch_is_torchneuron_error(monkeypatch):
     """TorchNeuron's histc kernel names torch dtypes in its error (CPU's words without its
     MLIR ops); an `out` of the input's dtype gets the device result, integers included."""

@@ -15,7 +15,15 @@ from torch import fx
 
 from neuronlocal import cli, estimate
 from neuronlocal.core.hardware import TRAINIUM1, TRAINIUM2, TRAINIUM3, GiB
-from neuronlocal.estimate import calibrate, capture, fitted, published, rates, workload
+from neuronlocal.estimate import (
+    calibrate,
+    capture,
+    fitted,
+    presets,
+    published,
+    rates,
+    workload,
+)
 from neuronlocal.estimate.counting import Counter
 from neuronlocal.estimate.layout import Layout, problems
 from neuronlocal.estimate.roofline import Factors
@@ -350,6 +358,91 @@ def test_does_not_fit_is_reported():
     assert not est.fits and est.hbm["optimizer"] > 0
 
 
+# ---- presets and architectures ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(presets.PUBLISHED))
+def test_preset_builds_with_the_published_parameter_count(name):
+    """Each preset of a current model builds (on meta) to the size its model card states."""
+    params = workload.param_count(workload.load_config(name)) / 1e9
+    assert params == pytest.approx(presets.PUBLISHED[name], rel=0.02)
+
+
+# Values of the models' published config.json files (Hugging Face repos meta-llama/
+# Llama-3.1-8B, Qwen/Qwen3-8B, Qwen/Qwen3-30B-A3B, openai/gpt-oss-20b,
+# mistralai/Mixtral-8x7B-v0.1).
+PUBLISHED_CONFIGS = {
+    "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                     "rope": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                              "original_max_position_embeddings": 8192}},
+    "qwen3-8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                 "vocab_size": 151936, "max_position_embeddings": 40960,
+                 "tie_word_embeddings": False, "rope": {"rope_theta": 1000000.0}},
+    "qwen3-30b-a3b": {"hidden_size": 2048, "moe_intermediate_size": 768,
+                      "num_hidden_layers": 48, "num_attention_heads": 32,
+                      "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+                      "vocab_size": 151936, "max_position_embeddings": 40960},
+    "gpt-oss-20b": {"hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                    "num_local_experts": 32, "num_experts_per_tok": 4, "vocab_size": 201088,
+                    "max_position_embeddings": 131072, "sliding_window": 128,
+                    "rope": {"rope_type": "yarn", "factor": 32.0, "rope_theta": 150000.0,
+                             "original_max_position_embeddings": 4096}},
+    "mixtral-8x7b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+                     "max_position_embeddings": 32768, "rope": {"rope_theta": 1000000.0}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_CONFIGS))
+def test_preset_config_matches_the_published_config(name):
+    cfg = workload.load_config(name)
+    want = dict(PUBLISHED_CONFIGS[name])
+    rope = want.pop("rope", {})
+    assert {k: getattr(cfg, k) for k in want} == want
+    assert {k: cfg.rope_parameters[k] for k in rope} == rope
+    if name == "gpt-oss-20b":
+        assert cfg.layer_types[:2] == ["sliding_attention", "full_attention"]
+
+
+def _tiny_gpt_oss(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "model_type": "gpt_oss", "num_hidden_layers": 4, "hidden_size": 64,
+        "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 256,
+        "layer_types": ["sliding_attention", "full_attention"] * 2}))
+    return path
+
+
+def test_model_without_sdpa_is_counted_with_fused_attention_and_its_experts(tmp_path, capsys):
+    """GPT-OSS has no SDPA path in transformers (attention sinks): it is counted with one
+    fused attention op per layer, and its experts' grouped matmuls as tensor-engine work
+    for the experts each token is routed to."""
+    cfg = workload.load_config(str(_tiny_gpt_oss(tmp_path)))
+    tokens, layers = 32, 4
+    work = workload.count(cfg, "prefill", 1, tokens)
+    fused = [op for op in work.forward.ops if op.engine == "tensor" and op.vector]
+    assert sum(work.forward.ops[op] for op in fused) == layers  # one attention per layer
+    experts = 2 * tokens * 2 * 3 * 64 * 64 * layers  # top-2 of gate, up and down projections
+    assert work.forward.tensor_flops > experts
+    assert cli.main(["estimate", str(tmp_path / "config.json"), "--tp", "2", "--seq", "32"]) == 0
+    assert "step time" in capsys.readouterr().out
+
+
+def test_grouped_matmul_flops():
+    from neuronlocal.estimate.counting import Counter as OpCounter
+
+    a = torch.randn(16, 8, dtype=torch.bfloat16)
+    b = torch.randn(2, 8, 8, dtype=torch.bfloat16)
+    with OpCounter() as c:
+        torch._grouped_mm(a, b, offs=torch.tensor([8, 16], dtype=torch.int32))
+    assert c.tally.tensor_flops == 2 * 16 * 8 * 8
+
+
 # ---- estimates on compiled graphs, eager steps and the run report --------------------------
 
 def test_compiled_graph_record_carries_its_estimate():
@@ -412,6 +505,47 @@ def test_capture_costs_eager_steps_and_graph_calls_and_leaves_no_mode():
     assert step["tensor_flops"] == 2 * 8 * 64 * 64 * 2  # forward + weight gradient
     assert step["band_s"][0] < step["estimated_s"] < step["band_s"][1]
     assert snap["summary"]["usd_per_hour"] == rates.PRICES[snap["instance"]].usd_per_hour
+
+
+def test_eager_steps_pay_one_kernel_launch_per_op_and_compiled_is_shown_beside():
+    """TorchNeuron runs each eager op as its own kernel: a step of eager ops costs its
+    roofline (unfused) plus a launch per op, at an assumed cost whose range widens the
+    band; the same ops compiled (fused, one graph launch) are estimated next to it."""
+    from neuronlocal.estimate import view
+    from neuronlocal.estimate.roofline import EAGER_LAUNCH_MIN_S, eager_launch
+
+    per, low, high = eager_launch(fitted.FACTORS)
+    assert low == EAGER_LAUNCH_MIN_S < per < high == fitted.FACTORS.launch
+    assert per == pytest.approx(math.sqrt(low * high))
+    model = torch.nn.Sequential(*(m for _ in range(4) for m in (torch.nn.Linear(64, 64),
+                                                                 torch.nn.GELU()))).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 64, device="neuron")
+    with capture.capturing() as cap:
+        model(x).sum().backward()
+        opt.step()
+    snap = cap.snapshot()
+    step = snap["steps"][0]
+    n = step["eager_launches"]
+    assert n == step["eager_ops"] > 20
+    assert step["launch_s"] == pytest.approx(n * per)
+    assert step["estimated_s"] > n * per > step["compiled_s"] > 0
+    lo, hi = step["band_s"]
+    assert lo < step["estimated_s"] < hi and lo > n * low and hi > n * high
+    assert step["compiled_band_s"][0] < step["compiled_s"] < step["compiled_band_s"][1]
+    text = view.text(snap)
+    assert "compiled ms" in text and "eager as run" in text
+    assert "no published per-launch figure exists" in text and "faster" in text
+
+
+def test_full_size_estimate_shows_eager_next_to_compiled(capsys):
+    est = estimate.estimate("llama-3.1-8b", Layout("trn2.48xlarge", tp=8, dp=8, seq=4096))
+    step, lo, hi = est.eager
+    assert lo < step < hi and step > est.step and est.launches > 1000
+    assert est.as_dict()["eager_step_s"] == step
+    assert cli.main(["estimate", "llama-3.1-8b", "--tp", "8", "--seq", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "eager step" in out and "no published per-launch figure exists" in out
 
 
 def test_run_report_shows_estimated_step_and_cost(tmp_path, capfd):

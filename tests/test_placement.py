@@ -143,6 +143,51 @@ def test_one_warning_per_fallback_op_and_none_for_views(fresh_python):
     assert fallbacks == {"aten::atan2.out": 3, "aten::view_as_real": 1}
 
 
+def test_fallback_warning_points_at_the_calling_line_not_a_cpp_source(tmp_path, fresh_python):
+    script = tmp_path / "prog.py"
+    script.write_text("import warnings, torch\n"
+                      "x = torch.randn(3).to('neuron')\n"
+                      "with warnings.catch_warnings(record=True) as caught:\n"
+                      "    warnings.simplefilter('always')\n"
+                      "    torch.atan2(x, x)\n"
+                      "w, = [w for w in caught if 'CPU fallback' in str(w.message)]\n"
+                      "print(w.filename, w.lineno, str(w.message))\n")
+    r = fresh_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
+    assert r.returncode == 0, r.stderr
+    filename, line, message = r.stdout.strip().split(" ", 2)
+    assert (filename, line) == (str(script), "5")
+    assert "Triggered internally" not in message and ".cpp" not in message
+
+
+def test_ops_torchneuron_registers_are_tracked_by_their_own_name():
+    """isfinite, index_select_backward and value_selecting_reduction_backward (composites in
+    torch) and histc (a Python kernel here) are device kernels on TorchNeuron: tracked as
+    executed under their own names, with results and gradients as on CPU; a compile's
+    tracing records nothing."""
+    x = torch.tensor([1.0, float("inf"), float("nan")])
+    tracking.clear_op_tracking()
+    assert torch.isfinite(x.to("neuron")).cpu().tolist() == [True, False, False]
+    torch.histc(x[:1].to("neuron"), bins=4)
+    w = torch.randn(5, 3)
+    wn = w.to("neuron").requires_grad_(True)
+    torch.index_select(wn, 0, torch.tensor([0, 2, 2], device="neuron")).sum().backward()
+    v = torch.randn(4, 5)
+    vn = v.to("neuron").requires_grad_(True)
+    torch.max(vn, dim=1).values.sum().backward()
+    ran = torch_neuronx.get_executed_ops()
+    for op in ("aten::isfinite", "aten::histc", "aten::index_select_backward",
+               "aten::value_selecting_reduction_backward"):
+        assert ran.get(op) == 1, (op, ran)
+    wc, vc = w.clone().requires_grad_(True), v.clone().requires_grad_(True)
+    torch.index_select(wc, 0, torch.tensor([0, 2, 2])).sum().backward()
+    torch.max(vc, dim=1).values.sum().backward()
+    torch.testing.assert_close(wn.grad.cpu(), wc.grad)
+    torch.testing.assert_close(vn.grad.cpu(), vc.grad)
+    f = torch.compile(lambda a: torch.isfinite(a).sum(), backend="neuron")
+    assert f(x.to("neuron")).item() == 1
+    assert torch_neuronx.get_executed_ops()["aten::isfinite"] == 1
+
+
 def test_strict_names_the_op_that_falls_back(placement_policy):
     a = torch.randn(3).to("neuron")
     placement_policy(strict=True)

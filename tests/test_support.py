@@ -272,11 +272,21 @@ def test_mismatch_is_a_neuron_failure():
     assert models.classify(only_cpu_fails) == "cpu-fail"
 
 
-def test_check_default_config(capsys):
-    assert cli.main(["check"]) == 0
-    out = capsys.readouterr().out
+def test_check_default_config_is_a_quiet_readable_report(fresh_python):
+    """`make demo`'s check, in a fresh process: a verdict and tables, and nothing else on
+    either stream: no third-party warning about inputs the check built (deprecations,
+    attention masks), no warning pointing into neuronlocal or C++ sources, no Python reprs."""
+    r = fresh_python("import sys\nfrom neuronlocal import cli\nsys.exit(cli.main(['check']))",
+                     timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     assert "verdict: llama RUNS on neuron" in out and "TP=" in out
     assert "shapes" in out and "graphs compiled" in out
+    assert "64-bit downcasts (Trainium computes" in out and "  aten::add.Tensor" in out
+    both = out + r.stderr
+    for noise in ("deprecated", "attention mask", "attention_mask", "Warning", "warning:",
+                  "Triggered internally", ".cpp", ".py:", "{'", "[transformers]"):
+        assert noise not in both, noise
 
 
 def test_seq2seq_decoder_inputs_come_from_the_models_own_preparation():

@@ -40,9 +40,14 @@ class NeuronDynamicShapesError(NEFFCompilationError):
 
 
 def _warn_once(key: str, message: str) -> None:
+    """Warns once, at the line of the user's program that compiled (not this file)."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, stacklevel=3)
+        frame = metrics.user_frame()
+        if frame is None:
+            warnings.warn(message, stacklevel=3)
+        else:
+            warnings.warn_explicit(message, UserWarning, frame["file"], frame["line"])
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list[Any]:

@@ -15,10 +15,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -132,12 +134,31 @@ std::string where(const c10::Device& d) {
 // Warns once per op (then stops checking): one branch-free pass over contiguous data.
 bool fits_int32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
 
+// Whether the current warning handler is torch's Python one (an op called from Python).
+// Other handlers (C++ callers, torch.ops' boxed path) log the source location and need one.
+bool python_handles_warnings() {
+  c10::WarningHandler* h = c10::WarningUtils::get_warning_handler();
+  return h != nullptr && std::strstr(typeid(*h).name(), "PyWarningHandler") != nullptr;
+}
+
+// A UserWarning attributed to the Python line that called the op: torch's Python handler
+// raises a warning without a C++ source location as is, where TORCH_WARN's would end in
+// "Triggered internally at <file>.cpp:<line>", a path that means nothing to the user.
+template <typename... Args>
+void warn_user(const Args&... args) {
+  const bool python = python_handles_warnings();
+  c10::warn(c10::Warning(c10::UserWarning(),
+                         c10::SourceLocation{__func__, python ? nullptr : __FILE__,
+                                             python ? 0u : static_cast<uint32_t>(__LINE__)},
+                         c10::str(args...), false));
+}
+
 void warn_wrap(OpInfo& info, int64_t value) {
   if (info.wrap_warned.exchange(true)) return;
-  TORCH_WARN(info.name, ": the int64 value ", value, " does not fit in int32, and Trainium "
-             "computes int64 as int32 (the 64-bit rule), so this result differs from CPU. Keep "
-             "int64 values within +-2**31, or set NEURONLOCAL_DOWNCAST_64BIT=0 to compute in "
-             "64 bits. Warned once per op.");
+  warn_user(info.name, ": the int64 value ", value, " does not fit in int32, and Trainium "
+            "computes int64 as int32 (the 64-bit rule), so this result differs from CPU. Keep "
+            "int64 values within +-2**31, or set NEURONLOCAL_DOWNCAST_64BIT=0 to compute in "
+            "64 bits. Warned once per op.");
 }
 
 void check_int32_range(OpInfo& info, const at::Tensor& t) {
@@ -299,9 +320,9 @@ void on_cpu_fallback(OpInfo& info, const Decision& d) {
               "CPU. NEURONLOCAL_STRICT=1 makes CPU fallbacks errors; unset it to allow them, or "
               "avoid this op.");
   if (!d.quiet && !info.warned.exchange(true) && first_warning(d.host_name)) {
-    TORCH_WARN(d.host_name, " executed via CPU fallback", via, " (TorchNeuron has no device "
-               "kernel for it; on Trainium it runs on the host). See "
-               "torch_neuronx.get_fallback_ops() and `neuronlocal ops`.");
+    warn_user(d.host_name, " executed via CPU fallback", via, " (TorchNeuron has no device "
+              "kernel for it; on Trainium it runs on the host). See "
+              "torch_neuronx.get_fallback_ops() and `neuronlocal ops`.");
   }
 }
 

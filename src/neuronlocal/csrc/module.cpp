@@ -80,6 +80,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_register_unsupported", &neuron::register_unsupported);
   m.def("_register_tracked", &neuron::register_tracked);
   m.def("_executed_ops", &neuron::executed_ops);
+  m.def("_record_executed", [](const std::string& name, const std::string& overload) {
+    neuron::executed_counter(name.c_str(), overload.c_str())++;
+  }, "count one call of a device kernel implemented in Python");
   m.def("_fallback_ops", &neuron::fallback_ops);
   m.def("_fallback_bytes", &neuron::fallback_bytes);
   m.def("_downcast_ops", &neuron::downcast_ops);

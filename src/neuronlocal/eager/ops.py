@@ -285,6 +285,14 @@ def tracked_composites() -> tuple[str, ...]:
              or has(n, "CompositeExplicitAutogradNonFunctional"))))
 
 
+# CompositeImplicitAutograd ops TorchNeuron registers a device kernel for, so its tracking
+# records them by name: each gets an autograd kernel that records it and runs its composite
+# (what torch runs without the kernel, autograd included). Ops that take part in most
+# models' autograd graphs (linear, rms_norm, batch_norm) are not listed.
+TRACKED_IMPLICIT: tuple[str, ...] = ("isfinite", "index_select_backward",
+                                     "value_selecting_reduction_backward")
+
+
 # Composite (CompositeExplicitAutograd) kernels that reject tensors on devices they do not
 # know ("mode only supports CPU, CUDA and XPU device type"): the fallback is registered
 # directly, so they run on CPU aliases like every other op.

@@ -5,6 +5,7 @@
   device but cpu/mps. These run the CPU kernel in a dtype it supports and return the
   device's dtype.
 - `contiguous`: TorchNeuron's memory-format contract (`preserve_format` is accepted).
+- `linear_backward`: a device kernel TorchNeuron registers and ATen's CPU lacks.
 - SyncBatchNorm's helper ops, which ATen has for CUDA only (sync_batch_norm.py).
 - Ops that compute in float64 by definition (`float_power`): Trainium computes them in
   float32 (the 64-bit rule), so they warn once per op when that rule is on. They stay
@@ -35,9 +36,14 @@ def histc_host(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0
     return torch.histc(x.double(), bins, min, max).to(x.dtype)
 
 
-def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+def _histc_device(self: torch.Tensor, bins: int, min: float, max: float) -> torch.Tensor:
     out = histc_host(_C._cpu_alias(self), bins, min, max)
     return _C._bridge_out([out], self.device.index)[0]
+
+
+def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    _C._record_executed("aten::histc", "")
+    return _histc_device(self, bins, min, max)
 
 
 def _histc_out(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0, *,
@@ -49,12 +55,47 @@ def _histc_out(self: torch.Tensor, bins: int = 100, min: float = 0, max: float =
             raise RuntimeError("torch.histogram: input tensor and hist tensor should have the "
                                f"same dtype, but got input {self.dtype} and hist {out.dtype}")
         torch.histc(_C._cpu_alias(self), bins, min, max, out=_C._cpu_alias(out))
-    result = _histc(self, bins, min, max)
+    _C._record_executed("aten::histc", "out")
+    result = _histc_device(self, bins, min, max)
     out.resize_(result.shape)
     return out.copy_(result)
 
 
+def _linear_backward(self: torch.Tensor, grad_output: torch.Tensor, weight: torch.Tensor,
+                     output_mask: list[bool]) -> tuple[torch.Tensor, ...]:
+    """TorchNeuron's device kernel for `linear_backward` (CPU has none: ATen implements it
+    for MKLDNN only): the input, weight and bias gradients of `linear`, where output_mask
+    asks for them (an empty tensor where it does not)."""
+    x, g, w = (_C._cpu_alias(t) for t in (self, grad_output, weight))
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+    empty = torch.empty(0, dtype=g.dtype)
+    outs = [g @ w if output_mask[0] else empty, g2.t() @ x2 if output_mask[1] else empty,
+            g2.sum(0) if output_mask[2] else empty]
+    _C._record_executed("aten::linear_backward", "")
+    return tuple(_C._bridge_out(outs, self.device.index))
+
+
 _composite = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def _plain(args: Any) -> bool:
+    """Whether an op's tensor arguments are plain tensors (not the fake or functional ones of
+    a compile's tracing, which runs no op on the device)."""
+    return all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args
+               if isinstance(a, torch.Tensor))
+
+
+def _tracked_implicit(name: str) -> Any:
+    """An autograd kernel for a CompositeImplicitAutograd op TorchNeuron registers: records
+    it as executed, then runs its composite, as torch does without this kernel."""
+    op = getattr(torch.ops.aten, name).default
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if _plain(args):
+            _C._record_executed(f"aten::{name}", "")
+        return op.decompose(*args, **kwargs)
+
+    return kernel
 
 
 def _contiguous(self: torch.Tensor,
@@ -103,6 +144,9 @@ def register() -> None:
     _lib.impl("histc", _histc, "PrivateUse1")
     _lib.impl("histc.out", _histc_out, "PrivateUse1")
     _lib.impl("contiguous", _contiguous, "AutogradPrivateUse1")
+    _lib.impl("linear_backward", _linear_backward, "PrivateUse1")
+    for name in ops.TRACKED_IMPLICIT:
+        _lib.impl(name, _tracked_implicit(name), "AutogradPrivateUse1")
     sync_batch_norm.register(_lib)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in sorted(ops.float64_ops()):

@@ -107,4 +107,16 @@ def estimate(model: Any, layout: Any, price_per_hour: float | None = None) -> An
                 + ("" if p.verified else "; third-party figure, not confirmed by AWS"))
     return Estimate(lay, b.step, band(b.step, lay.mode), b.parts, tokens_per_step(lay),
                     mfu(plan, b.step), memory(lay, work), lay.spec.hbm_bytes,
-                    p.usd_per_hour if p else None, note, work.shape.params)
+                    p.usd_per_hour if p else None, note, work.shape.params,
+                    eager_step(plan, lay.mode), plan.launches)
+
+
+def eager_step(plan: Any, mode: str) -> tuple[float, float, float]:
+    """(seconds, low, high) of a plan's step run eagerly: the band joins the calibrated
+    band of the roofline with the assumed range of the per-launch cost."""
+    from neuronlocal.estimate.roofline import eager_launch
+
+    per, low, high = eager_launch(FACTORS)
+    w = band_width(mode)
+    return (plan.eager(FACTORS, per).step, plan.eager(FACTORS, low).step / (1 + w),
+            plan.eager(FACTORS, high).step * (1 + w))

@@ -142,26 +142,39 @@ class Capture:
         self.steps.append(self._close())
 
     def _close(self) -> dict[str, Any]:
-        from neuronlocal.estimate import FACTORS, band, emulated
-        from neuronlocal.estimate.roofline import seconds
+        from neuronlocal.estimate import FACTORS, band_width, emulated
+        from neuronlocal.estimate.roofline import eager_factors, eager_launch, launches, seconds
 
         now = time.perf_counter()
         compiled = _compile_seconds()
         tally, self.counter.tally = self.counter.tally, Tally()
-        eager = seconds(tally, emulated(), FACTORS) if tally.ops else 0.0
-        graphs = sum(_graph_seconds(g) * n for g, n in self._step_calls.items())
+        spec, w = emulated(), band_width("train")
+        # Eager work as TorchNeuron runs it: each op alone (no fusion) plus its own kernel
+        # launch; and the same ops compiled, as the calibrated model costs a step: fused,
+        # one graph launch.
+        n = launches(tally)
+        per, low, high = eager_launch(FACTORS)
+        roof = seconds(tally, spec, eager_factors(FACTORS)) if tally.ops else 0.0
+        eager = roof + n * per
+        fused = seconds(tally, spec, FACTORS) + FACTORS.launch if n else 0.0
+        graphs = sum(_graph_seconds(g) * k for g, k in self._step_calls.items())
         est = eager + graphs
         # compile_s: the part of host_s spent compiling graphs (a first step that compiles
         # for minutes is not a slow step), so the report charts the two apart.
         out = {"step": len(self.steps), "host_s": now - self._mark,
                "compile_s": min(now - self._mark, max(0.0, compiled - self._compile_mark)),
                "estimated_s": est,
-               "band_s": list(band(est, "train")), "eager_s": eager, "graph_s": graphs,
-               "eager_ops": int(sum(tally.ops.values())),
+               "band_s": [(roof + graphs) / (1 + w) + n * low,
+                          (roof + graphs) * (1 + w) + n * high],
+               "eager_s": eager, "graph_s": graphs,
+               "eager_ops": int(sum(tally.ops.values())), "eager_launches": int(n),
+               "launch_s": n * per,
+               "compiled_s": fused + graphs,
+               "compiled_band_s": [(fused + graphs) / (1 + w), (fused + graphs) * (1 + w)],
                "graph_calls": int(sum(self._step_calls.values())),
                "tensor_flops": tally.tensor_flops + sum(
                    float(_estimate(g).get("tensor_flops", 0))
-                   * n for g, n in self._step_calls.items())}
+                   * k for g, k in self._step_calls.items())}
         self._step_calls = {}
         self._mark, self._compile_mark = now, compiled
         return out
@@ -179,8 +192,9 @@ class Capture:
 
     def snapshot(self) -> dict[str, Any]:
         """Plain data for the run report: steps, graph calls, and the summary with cost."""
-        from neuronlocal.estimate import BAND, HELD_OUT_MEDIAN_ERROR, band, band_width, emulated
+        from neuronlocal.estimate import BAND, FACTORS, HELD_OUT_MEDIAN_ERROR, band_width, emulated
         from neuronlocal.estimate.rates import PRICES_DATE, price
+        from neuronlocal.estimate.roofline import eager_launch
 
         spec = emulated()
         graphs = [{"graph_id": g, "graph": _graphs.get(g, {}).get("name", str(g)),
@@ -195,16 +209,22 @@ class Capture:
                                "steps": list(self.steps), "graphs": graphs, "summary": None,
                                "not_estimated": self.not_estimated()}
         if self.steps:
-            est = statistics.median(s["estimated_s"] for s in self.steps)
+            mid = sorted(self.steps, key=lambda s: s["estimated_s"])[(len(self.steps) - 1) // 2]
+            est = mid["estimated_s"]
             host = statistics.median(s["host_s"] - s["compile_s"] for s in self.steps)
             p = price(spec.name)
+            per, low, high = eager_launch(FACTORS)
             summary = {"steps": len(self.steps), "estimated_step_s": est,
-                       "band_s": list(band(est, "train")), "host_step_s": host,
+                       "band_s": list(mid["band_s"]), "host_step_s": host,
+                       "eager_launches": mid["eager_launches"],
+                       "compiled_step_s": mid["compiled_s"],
+                       "compiled_band_s": list(mid["compiled_band_s"]),
+                       "launch_s": [per, low, high],
                        "usd_per_hour": p.usd_per_hour if p else None,
                        "price_verified": p.verified if p else None, "price_date": PRICES_DATE}
             if p is not None:
                 summary["usd_per_1000_steps"] = [p.usd_per_hour / 3.6 * x
-                                                 for x in (est, *band(est, "train"))]
+                                                 for x in (est, *mid["band_s"])]
             out["summary"] = summary
         return out
 

@@ -67,6 +67,22 @@ def _fmt_s(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def _eager_lines(est: Any) -> list[str]:
+    """The eager-mode step next to the compiled one (which the other lines describe)."""
+    if not est.eager:
+        return []
+    from neuronlocal.estimate import FACTORS
+    from neuronlocal.estimate.roofline import eager_launch
+
+    per, low, high = eager_launch(FACTORS)
+    step, lo, hi = est.eager
+    return [f"eager step    {_fmt_s(step)}   band {_fmt_s(lo)} - {_fmt_s(hi)} without "
+            f"torch.compile: {est.launches:,.0f} kernel launches per core and micro-batch at "
+            f"an assumed {per * 1e6:.0f} us each (range {low * 1e6:.0f} us - "
+            f"{high * 1e3:.2f} ms; no published per-launch figure exists); the step time "
+            "above and the lines below are compiled"]
+
+
 def render(est: Any, model: str) -> str:
     from neuronlocal.estimate import HELD_OUT_MEDIAN_ERROR, HELD_OUT_ROWS, band_width
     from neuronlocal.estimate.layout import idle_cores
@@ -87,6 +103,7 @@ def render(est: Any, model: str) -> str:
         f"step time     {_fmt_s(est.step)}   band {_fmt_s(lo)} - {_fmt_s(hi)} "
         f"(x/÷{1 + band_width(lay.mode):.2f}: 80% of the held-out published {lay.mode} rows "
         "fell within it)",
+        *_eager_lines(est),
         f"tokens/s      {est.tokens_per_s:,.0f}   band {est.tokens_per_step / hi:,.0f} - "
         f"{est.tokens_per_step / lo:,.0f}",
         f"MFU           {100 * est.mfu:.1f}% of dense {lay.dtype.upper()} peak",
@@ -173,4 +190,7 @@ def check_line(cfg: Any, tp: int | None, instance_name: str = "trn2.48xlarge",
     return (f"  estimated training step on {instance_name} (TP={tp} x "
             f"{'FSDP' if fsdp else 'DP'}={cores // tp}, "
             f"sequence {seq}, micro-batch 1): {_fmt_s(est.step)} (band {_fmt_s(est.band[0])} - "
-            f"{_fmt_s(est.band[1])}), {est.tokens_per_s:,.0f} tokens/s{money}")
+            f"{_fmt_s(est.band[1])}), {est.tokens_per_s:,.0f} tokens/s{money}"
+            + (f"; eager (no torch.compile, one kernel launch per op at an assumed cost): "
+               f"{_fmt_s(est.eager[0])} (band {_fmt_s(est.eager[1])} - {_fmt_s(est.eager[2])})"
+               if est.eager else ""))

@@ -180,6 +180,18 @@ def attention_cost(q: torch.Size, k: torch.Size, v: torch.Size, causal: bool, dt
     return OpCost("tensor", flops, io, dtype, VECTOR_OPS_PER_SCORE * scores)
 
 
+_GROUPED_MM = {"_grouped_mm", "_scaled_grouped_mm"}  # MoE experts (flop_counter has no rule)
+
+
+def _grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> float:
+    """FLOPs of a grouped matmul: each row meets only its own group's matrix. 2-D x 2-D
+    (a weight gradient, groups along the contracted rows): 2 * K * S * N; otherwise each
+    output element contracts a's last dimension."""
+    if a.dim() == 2 and b.dim() == 2:
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    return 2.0 * out.numel() * a.shape[-1]
+
+
 def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
             ins: list[torch.Tensor] | None = None) -> OpCost | None:
     """The cost of one ATen op call, or None for views, allocations and waits. `ins`: the
@@ -202,6 +214,9 @@ def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                                  isinstance(args[4], bool) else False))
         return attention_cost(q.shape, k.shape, v.shape, causal, dtype_class(q.dtype),
                               q.element_size())
+    if name in _GROUPED_MM and len(ins) >= 2 and outs:
+        return OpCost("tensor", _grouped_mm_flops(ins[0], ins[1], outs[0]), moved,
+                      dtype_class(ins[0].dtype))
     if packet in flop_registry:
         flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
         dtype = dtype_class(ins[0].dtype) if ins else "bf16"

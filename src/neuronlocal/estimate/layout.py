@@ -11,12 +11,18 @@ micro-batch, overlapped with compute. Inference shards the same way over `tp`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neuronlocal.estimate.counting import OpCost, Tally
 from neuronlocal.estimate.rates import InstanceSpec, instance
-from neuronlocal.estimate.roofline import Compiled, Factors, collective_bandwidth
+from neuronlocal.estimate.roofline import (
+    Compiled,
+    Factors,
+    collective_bandwidth,
+    eager_factors,
+    launches,
+)
 from neuronlocal.estimate.workload import Shape, Workload
 
 MODES = ("train", "prefill", "decode", "forward")
@@ -135,6 +141,7 @@ class Plan:
             tally.merge(work.forward)
         tally = _kv_sharded(tally, lay.tp, sh.kv_heads)
         self.compute = Compiled(tally, spec)
+        self.launches = launches(tally) / lay.pp  # eager kernel launches per core, micro-batch
         self.model_flops = work.forward.tensor_flops + work.backward.tensor_flops
         elem = 4 if lay.dtype == "fp32" else 2
         tokens = lay.micro_batch * (1 if lay.mode == "decode" else lay.seq)
@@ -197,6 +204,15 @@ class Plan:
             lay.micro_steps})
 
 
+    def eager(self, f: Factors, per_launch: float) -> Breakdown:
+        """The step run eagerly, as TorchNeuron's eager mode runs it: ops one at a time (no
+        fusion), each its own kernel launch of `per_launch` seconds, instead of one graph
+        launch per micro-batch."""
+        b = self.breakdown(replace(eager_factors(f), launch=self.launches * per_launch))
+        b.parts["eager_launches"] = b.parts.pop("launch")
+        return b
+
+
 def memory(layout: Layout, work: Workload) -> dict[str, float]:
     """HBM bytes one core holds: weights, gradients, optimizer state, activations, KV cache."""
     lay, sh = layout, work.shape
@@ -235,6 +251,9 @@ class Estimate:
     usd_per_hour: float | None
     price_note: str
     params: int = 0
+    # run eagerly (one kernel launch per op): step seconds, its band, launches per core
+    eager: tuple[float, float, float] | None = None
+    launches: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -257,6 +276,9 @@ class Estimate:
                 "hbm_bytes": self.hbm, "hbm_per_core": self.hbm_per_core, "fits": self.fits,
                 "usd_per_hour": self.usd_per_hour, "price_note": self.price_note,
                 "usd_per_million_tokens": cost, "params": self.params,
+                "eager_step_s": self.eager[0] if self.eager else None,
+                "eager_band_s": list(self.eager[1:]) if self.eager else None,
+                "eager_launches_per_core": self.launches,
                 "idle_cores": idle_cores(self.layout)}
 
 

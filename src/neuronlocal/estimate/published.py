@@ -43,7 +43,7 @@ class Row:
     """One published measurement and the setup it was measured with."""
 
     id: str
-    model: str  # a preset of workload.PRESETS
+    model: str  # a preset of presets.PRESETS
     instance: str
     mode: str  # train | prefill | decode | forward
     metric: str  # seq_per_s | ttft_ms | tpot_ms | items_per_s

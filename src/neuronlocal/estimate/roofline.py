@@ -10,7 +10,8 @@ benchmarks by calibrate.py; `fitted.py` holds the result and its held-out error 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -92,3 +93,29 @@ def seconds(tally: Tally, spec: InstanceSpec, f: Factors) -> float:
     """Seconds one core of `spec` spends on the ops of `tally`."""
     return Compiled(tally, spec).seconds(f)
 
+
+
+# TorchNeuron's eager mode runs every ATen op as its own compiled kernel (a cached NEFF)
+# launched through the Neuron runtime; Adaptive Eager Execution, which fuses queued ops, is
+# opt-in. No published figure gives the cost of one such launch, so it is an assumption:
+# at least EAGER_LAUNCH_MIN_S (one runtime execution; a GPU kernel launch costs a few
+# microseconds) and at most the fitted cost of one graph execution (`Factors.launch`: an
+# eager op is a graph of one op). The estimate uses the geometric middle of that range.
+EAGER_LAUNCH_MIN_S = 10e-6
+
+
+def eager_launch(f: Factors) -> tuple[float, float, float]:
+    """(assumed, lowest, highest) seconds of one eager op's kernel launch."""
+    low, high = EAGER_LAUNCH_MIN_S, max(f.launch, EAGER_LAUNCH_MIN_S)
+    return math.sqrt(low * high), low, high
+
+
+def eager_factors(f: Factors) -> Factors:
+    """`f` for ops run one at a time: nothing fuses, so every elementwise byte reaches HBM."""
+    return replace(f, fusion=1.0)
+
+
+def launches(tally: Tally) -> float:
+    """Kernel launches of a tally run eagerly: one per costed compute op (views and
+    allocations are not kernels; collectives have their own latency)."""
+    return float(sum(n for op, n in tally.ops.items() if op.engine != "comm"))

@@ -21,49 +21,7 @@ from typing import Any
 import torch
 
 from neuronlocal.estimate.counting import Counter, Tally
-
-# Published model shapes the calibration rows and the CLI use (config.json values).
-PRESETS: dict[str, dict[str, Any]] = {
-    "llama-2-7b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
-                   "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 32, "vocab_size": 32000},
-    "llama-2-13b": {"model_type": "llama", "hidden_size": 5120, "intermediate_size": 13824,
-                    "num_hidden_layers": 40, "num_attention_heads": 40,
-                    "num_key_value_heads": 40, "vocab_size": 32000},
-    "llama-2-70b": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
-                    "num_hidden_layers": 80, "num_attention_heads": 64,
-                    "num_key_value_heads": 8, "vocab_size": 32000},
-    "codellama-13b": {"model_type": "llama", "hidden_size": 5120, "intermediate_size": 13824,
-                      "num_hidden_layers": 40, "num_attention_heads": 40,
-                      "num_key_value_heads": 40, "vocab_size": 32016},
-    "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-                     "num_hidden_layers": 32, "num_attention_heads": 32,
-                     "num_key_value_heads": 8, "vocab_size": 128256},
-    "llama-3.1-70b": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
-                      "num_hidden_layers": 80, "num_attention_heads": 64,
-                      "num_key_value_heads": 8, "vocab_size": 128256},
-    "llama-3.1-405b": {"model_type": "llama", "hidden_size": 16384,
-                       "intermediate_size": 53248, "num_hidden_layers": 126,
-                       "num_attention_heads": 128, "num_key_value_heads": 8,
-                       "vocab_size": 128256},
-    "mistral-7b": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
-                   "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "vocab_size": 32000, "sliding_window": None},
-    "gpt3-175b": {"model_type": "gpt2", "n_embd": 12288, "n_layer": 96, "n_head": 96,
-                  "n_positions": 2048, "vocab_size": 50257},
-    "bert-base": {"model_type": "bert"},
-    "bert-large": {"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24,
-                   "num_attention_heads": 16, "intermediate_size": 4096},
-    "roberta-base": {"model_type": "roberta", "vocab_size": 50265,
-                     "max_position_embeddings": 514, "type_vocab_size": 1},
-    "roberta-large": {"model_type": "roberta", "hidden_size": 1024, "num_hidden_layers": 24,
-                      "num_attention_heads": 16, "intermediate_size": 4096,
-                      "vocab_size": 50265, "max_position_embeddings": 514,
-                      "type_vocab_size": 1},
-    "distilbert-base": {"model_type": "distilbert"},
-    "vit-base": {"model_type": "vit", "image_size": 224, "patch_size": 16},
-}
-PRESETS["llama-3.3-70b"] = PRESETS["llama-3.1-70b"]
+from neuronlocal.estimate.presets import PRESETS
 
 # What a model is run as: causal LM (train / prefill / decode), or one of the heads the
 # published encoder and vision rows used.
@@ -79,6 +37,18 @@ def _cache_keyword() -> str:
 
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else \
         "past_key_values"
+
+
+def param_count(cfg: Any) -> int:
+    """Parameters of the causal LM `cfg` builds, from meta builds of one and two repeats of
+    its layer stack (a 405B model in a second); the whole stack when it does not repeat."""
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    period = _layer_period(cfg)
+    if not period or layers <= 2 * period:
+        return _params(_model(cfg, "causal-lm", torch.bfloat16))
+    one = _params(_model(_with_layers(cfg, period), "causal-lm", torch.bfloat16))
+    two = _params(_model(_with_layers(cfg, 2 * period), "causal-lm", torch.bfloat16))
+    return one + (two - one) * (layers // period - 1)
 
 
 class WorkloadError(ValueError):
@@ -183,12 +153,20 @@ class Workload:
     shape: Shape
 
 
-def _uniform_layers(cfg: Any) -> bool:
-    types = getattr(cfg, "layer_types", None)
-    if types and len(set(types)) > 1:
-        return False
-    return not any(getattr(cfg, k, 0) for k in ("first_k_dense_replace", "decoder_sparse_step",
-                                                "moe_layer_freq"))
+def _layer_period(cfg: Any) -> int:
+    """The number of layers after which the stack repeats (1: identical layers, 2: GPT-OSS's
+    alternating sliding and full attention), or 0 when it does not repeat evenly."""
+    if getattr(cfg, "mlp_only_layers", None) or getattr(cfg, "decoder_sparse_step", 1) not in (
+            0, 1) or any(getattr(cfg, k, 0) for k in ("first_k_dense_replace",
+                                                       "moe_layer_freq")):
+        return 0  # some layers dense, some MoE
+    types = list(getattr(cfg, "layer_types", None) or [])
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    for p in range(1, 5):
+        if (not types or all(t == types[i % p] for i, t in enumerate(types))) and \
+                layers % p == 0:
+            return p
+    return 0
 
 
 def _with_layers(cfg: Any, n: int) -> Any:
@@ -200,17 +178,45 @@ def _with_layers(cfg: Any, n: int) -> Any:
     return c
 
 
+FUSED_ATTENTION = "neuronlocal_fused_count"
+
+
+def _fused_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, **kwargs: Any) -> Any:
+    """Attention for counting only, through SDPA (which the counter costs as one fused
+    kernel): for models transformers runs without SDPA because of an extra input SDPA lacks,
+    such as GPT-OSS's attention sinks (one logit per head and row, left out of the count)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    kwargs.pop("s_aux", None)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _attention_for(cls: Any) -> str:
+    """SDPA where the model supports it, else the counting-only fused attention: on Trainium
+    attention runs as one fused kernel either way, and transformers' eager attention would be
+    counted as separate score matrices written to HBM."""
+    if getattr(cls, "_supports_sdpa", True):
+        return "sdpa"
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(FUSED_ATTENTION, _fused_attention)
+    return FUSED_ATTENTION
+
+
 def _model(cfg: Any, arch: str, dtype: torch.dtype) -> torch.nn.Module:
     import transformers
 
-    cfg._attn_implementation = "sdpa"
+    if arch in ARCH_CLASSES:
+        name = ARCH_CLASSES[arch]
+        cls = getattr(transformers, name)
+        if name.startswith("Auto"):
+            cls = cls._model_mapping[type(cfg)]
+    else:
+        cls = transformers.AutoModelForCausalLM._model_mapping[type(cfg)]
+    cfg._attn_implementation = _attention_for(cls)
     with torch.device("meta"):
-        if arch in ARCH_CLASSES:
-            name = ARCH_CLASSES[arch]
-            cls = getattr(transformers, name)
-            model = cls.from_config(cfg) if name.startswith("Auto") else cls(cfg)
-        else:
-            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        model = cls(cfg)
     return model.to(dtype)
 
 
@@ -315,12 +321,16 @@ def _meta_friendly() -> Iterator[None]:
 def _count(cfg: Any, mode: str, batch: int, seq: int, ctx: int, arch: str,
            dtype: torch.dtype) -> tuple[Tally, Tally, float, float]:
     layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
-    if layers <= 2 or not _uniform_layers(cfg):
+    period = _layer_period(cfg)
+    if not period or layers <= 2 * period:
         return _count_once(cfg, arch, mode, batch, seq, ctx, dtype)
-    f1, b1, a1, p1 = _count_once(_with_layers(cfg, 1), arch, mode, batch, seq, ctx, dtype)
-    f2, b2, a2, p2 = _count_once(_with_layers(cfg, 2), arch, mode, batch, seq, ctx, dtype)
-    return (f2.extrapolate(f1, layers), b2.extrapolate(b1, layers), a1 + (a2 - a1) * (layers - 1),
-            p1 + (p2 - p1) * (layers - 1))
+    # one and two repeats of the period; the rest of the stack repeats the difference
+    units = layers // period
+    f1, b1, a1, p1 = _count_once(_with_layers(cfg, period), arch, mode, batch, seq, ctx, dtype)
+    f2, b2, a2, p2 = _count_once(_with_layers(cfg, 2 * period), arch, mode, batch, seq, ctx,
+                                 dtype)
+    return (f2.extrapolate(f1, units), b2.extrapolate(b1, units), a1 + (a2 - a1) * (units - 1),
+            p1 + (p2 - p1) * (units - 1))
 
 
 def count(cfg: Any, mode: str, batch: int, seq: int, ctx: int = 0, arch: str = "causal-lm",

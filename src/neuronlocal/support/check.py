@@ -9,6 +9,7 @@ class are chosen: support/configs.py. Exit status: see EXIT_CODES.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,18 @@ def print_fallbacks(calls: dict[str, int], traffic: dict[str, dict[str, int]]) -
               f"{fmt_bytes(t.get('from_host', 0) / max(1, n), 1):>16}")
 
 
+def print_downcasts(calls: dict[str, int]) -> None:
+    """Ops Trainium computes in 32 bits although their data is 64-bit, with their calls."""
+    if not calls:
+        print("64-bit downcasts: none")
+        return
+    print("64-bit downcasts (Trainium computes float64/int64 as 32-bit; these ops had 64-bit "
+          "data):")
+    print(f"  {'op':<44}{'calls':>7}")
+    for op, n in sorted(calls.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"  {op:<44}{n:>7}")
+
+
 def _print_fit(loaded: Loaded, task: str) -> None:
     from neuronlocal.estimate import cli as estimate_cli
 
@@ -152,7 +165,12 @@ def run(config: str | None, model_dir: str | None, model_type: str | None,
         print(f"warning: {note}")
     print(f"checking {mt} ({loaded.architecture}, {loaded.how}) on a tiny random copy of its "
           "config ...")
-    with estimate_capture.capturing() as cap:  # estimated Trainium time of graphs and steps
+    with estimate_capture.capturing() as cap, warnings.catch_warnings():
+        # The shapes mode varies the sequence length on purpose: the static-shapes advice is
+        # about a program's own dynamic shapes, not the check's. CPU fallbacks are reported
+        # below as a table, so their one-line warnings would say it twice.
+        warnings.filterwarnings("ignore", message="neuron compiles static shapes")
+        warnings.filterwarnings("ignore", message=r".* executed via CPU fallback")
         rep = check_model(mt, loaded.architecture, config=loaded.config, modes=TASK_MODES[task],
                           task=task, model_cls=loaded.model_cls)
     if rep.status in ("build-fail", "skipped"):
@@ -171,7 +189,7 @@ def run(config: str | None, model_dir: str | None, model_type: str | None,
     print(f"\ncompiles: {rep.compiles} graphs; peak HBM (tiny copy): "
           f"{rep.peak_hbm / 2**20:.2f} MiB on neuron:0; wall time {rep.seconds:.1f}s")
     print_fallbacks(rep.fallback_ops, rep.fallback_traffic)
-    print(f"64-bit downcasts: {rep.downcast_ops or 'none'}")
+    print_downcasts(rep.downcast_ops)
     estimated = estimate_view.text(cap.snapshot())
     if estimated:
         print("\n" + estimated)

@@ -402,8 +402,15 @@ def _generate(m: ModeResult, model: _Compiled) -> None:
     """Static-cache generate() of the compiled modes' model (one layer of each kind: the
     decode graphs compile on neuron) vs CPU, token for token."""
     def gen(module: Any, x: torch.Tensor) -> list[torch.Tensor]:
+        # The batch has no padding: its mask is all ones, and the pad id is given, so
+        # transformers has nothing to guess (and nothing to warn about).
+        eos = getattr(module.generation_config, "eos_token_id", None)
+        pad = module.generation_config.pad_token_id
+        if pad is None:
+            pad = (eos[0] if isinstance(eos, list) and eos else eos) if eos is not None else 0
         with torch.no_grad():
-            return [module.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+            return [module.generate(x, attention_mask=torch.ones_like(x), pad_token_id=pad,
+                                    max_new_tokens=6, min_new_tokens=6, do_sample=False,
                                     cache_implementation="static")]
 
     if not _built(m, model):

@@ -24,6 +24,8 @@ model. The rules, general first (a per-family rule only where no general rule ca
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from typing import Any, NamedTuple, TypeGuard
 
 from neuronlocal.support.tiny_families import FAMILY_RULES, HEAD_DIM_TARGET
@@ -146,18 +148,30 @@ def _walk(config: Any, path: tuple[str, ...]) -> Any:
     return config
 
 
-def _derived_lists(config: Any, n: int) -> dict[str, list[Any]]:
-    out = {}
+@functools.cache
+def _base_properties() -> frozenset[str]:
+    """Properties every transformers config has (`torch_dtype`, `use_return_dict`, ...):
+    none is per layer, and reading the deprecated ones logs a deprecation warning."""
+    from transformers import PretrainedConfig
+
+    return frozenset(k for k, v in vars(PretrainedConfig).items() if isinstance(v, property))
+
+
+def _attributes(config: Any, skip: Any = ()) -> Iterator[tuple[str, Any]]:
+    """(name, value) of a config's public attributes and model-specific properties."""
+    base = _base_properties()
     for name in dir(config):
-        if name.startswith("_") or name == "per_layer_config":
+        if name.startswith("_") or name in base or name in skip:
             continue
         try:
-            value = getattr(config, name)
+            yield name, getattr(config, name)
         except Exception:  # noqa: BLE001 - properties may raise on partial configs
             continue
-        if isinstance(value, (list, tuple)) and len(value) == n:
-            out[name] = list(value)
-    return out
+
+
+def _derived_lists(config: Any, n: int) -> dict[str, list[Any]]:
+    return {name: list(value) for name, value in _attributes(config, ("per_layer_config",))
+            if isinstance(value, (list, tuple)) and len(value) == n}
 
 
 def _kinds_survive(old_cfg: Any, new_cfg: Any, record: list[_Selection]) -> bool:
@@ -465,13 +479,7 @@ def _layer_kinds(old: dict[str, Any], config: Any | None, n: int
     if overrides:
         vectors.append([repr(sorted(overrides.get(i, {}).items())) for i in range(n)])
     if config is not None:  # kinds only the config object knows (properties from periods)
-        for name in dir(config):
-            if name.startswith("_") or name in old or name in _NOT_LAYER_LISTS:
-                continue
-            try:
-                value = getattr(config, name)
-            except Exception:  # noqa: BLE001 - properties may raise on partial configs
-                continue
+        for _, value in _attributes(config, {*old, *_NOT_LAYER_LISTS}):
             if isinstance(value, (list, tuple)) and len(value) == n and n > 1 and all(
                     isinstance(x, (str, bool, int, type(None))) for x in value):
                 vectors.append(list(value))

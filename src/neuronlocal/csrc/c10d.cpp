@@ -423,6 +423,7 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in,
                           const c10d::AllgatherOptions& o) override {
     check("all_gather_into_tensor", {in});
+    if (!gloo_) uniform_gather_flat(out, in, size_);
     return issue("all_gather_into_tensor", OpType::_ALLGATHER_BASE, {out}, [&] {
       auto ao = stacked(out, in, size_, "all_gather_into_tensor", true);
       auto ai = host(in);
@@ -646,13 +647,29 @@ class NeuronBackend : public c10d::Backend {
     TORCH_CHECK_VALUE(false, os.str());
   }
 
-  // Dry run: every rank's input is this rank's, so each CPU output slot gets a copy of it.
+  // Dry run: every rank's input is this rank's, so each output slot gets a copy of it, where
+  // it has bytes: CPU tensors, and neuron ones up to the size whose bytes a dry run keeps
+  // (metadata such as DDP's parameter counts, which libraries read back).
+  static at::Tensor bytes_of(const at::Tensor& t) {
+    if (t.device().is_cpu()) return t;
+    if (t.numel() * static_cast<int64_t>(t.element_size()) > kDryKeepBytes) return {};
+    return cpu_alias(t);
+  }
   static void uniform_gather(std::vector<std::vector<at::Tensor>>& outs,
                              const std::vector<at::Tensor>& ins) {
     for (size_t i = 0; i < outs.size() && i < ins.size(); ++i) {
-      if (!ins[i].device().is_cpu()) continue;
-      for (auto& o : outs[i]) if (o.device().is_cpu()) o.copy_(ins[i]);
+      auto in = bytes_of(ins[i]);
+      if (!in.defined()) continue;
+      for (auto& o : outs[i]) {
+        auto out = bytes_of(o);
+        if (out.defined() && out.numel() == in.numel()) out.copy_(in.view_as(out));
+      }
     }
+  }
+  static void uniform_gather_flat(const at::Tensor& out, const at::Tensor& in, int size) {
+    auto i = bytes_of(in), o = bytes_of(out);
+    if (!i.defined() || !o.defined() || !o.is_contiguous() || o.numel() != i.numel() * size) return;
+    for (const auto& chunk : o.view({-1}).chunk(size)) chunk.copy_(i.reshape({-1}));
   }
 
   // TorchNeuron's alltoall supports only even splits; say so instead of computing.

@@ -1,7 +1,10 @@
 """A Llama-3-8B-shaped FSDP2 training step, for `neuronlocal run --dry-run`.
 
-The model is built on the device (`torch.device("neuron")`), sharded with FSDP2 per decoder
-layer, trained with AdamW in bf16 for a few steps on random tokens. Run for real it needs
+The model is built on `meta`, sharded with FSDP2 per decoder layer, materialised on the
+device shard by shard (`to_empty`, then each module's `reset_parameters`, as torchtitan
+does), and trained with AdamW in bf16 for a few steps on random tokens. `--init device`
+builds it whole on the device first instead (`torch.device("neuron")`), which needs the
+unsharded fp32 model on one core: the dry run reports that out of memory at its line. Run for real it needs
 the hardware (16 GB of bf16 weights alone); dry-run it with
 
     neuronlocal run --dry-run --instance trn2.48xlarge --nproc-per-node 64 \
@@ -74,19 +77,26 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--init", choices=["meta", "device"], default="meta")
     a = p.parse_args()
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dist.init_process_group("neuron")
     torch.manual_seed(0)
     t0 = time.time()
-    with torch.device("neuron"):
+    with torch.device("meta" if a.init == "meta" else "neuron"):
         model = Llama(a.vocab, a.hidden, a.layers, a.heads, a.kv, a.ffn).to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
+    if a.init == "meta":
+        model.to_empty(device="neuron")
+        with torch.no_grad():
+            for m in model.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for step in range(a.steps):
         ids = torch.randint(0, a.vocab, (a.batch, a.seq), device="neuron")

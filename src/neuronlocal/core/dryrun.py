@@ -43,7 +43,7 @@ def _user_line() -> str:
     """The innermost frame outside torch and neuronlocal: where the program asked."""
     import torch
 
-    skip = (*_SKIP, os.path.dirname(torch.__file__))
+    skip = (*_SKIP, os.path.dirname(torch.__file__), os.path.dirname(os.__file__))
     f: FrameType | None = sys._getframe(1)
     while f is not None:
         name = f.f_code.co_filename

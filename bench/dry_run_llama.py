@@ -4,8 +4,8 @@ The model is built on `meta`, sharded with FSDP2 per decoder layer, materialised
 device shard by shard (`to_empty`, then each module's `reset_parameters`, as torchtitan
 does), and trained with AdamW in bf16 for a few steps on random tokens. `--init device`
 builds it whole on the device first instead (`torch.device("neuron")`), which needs the
-unsharded fp32 model on one core: the dry run reports that out of memory at its line. Run for real it needs
-the hardware (16 GB of bf16 weights alone); dry-run it with
+unsharded fp32 model on one core: the dry run reports that out of memory at its line.
+Run for real it needs the hardware (16 GB of bf16 weights alone); dry-run it with
 
     neuronlocal run --dry-run --instance trn2.48xlarge --nproc-per-node 64 \
         bench/dry_run_llama.py --layers 32

@@ -164,6 +164,37 @@ TRAIN = """\
     """
 
 
+TP = """\
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    dist.init_process_group("neuron")
+    mesh = init_device_mesh("neuron", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 128)).to("neuron")
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        x = torch.randn(16, 128, device="neuron")
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    print("loss", loss.item())
+    dist.destroy_process_group()
+    """
+
+LLAMA = Path(__file__).parents[1] / "bench" / "dry_run_llama.py"
+SMALL_LLAMA = ["--layers", "2", "--hidden", "256", "--ffn", "512", "--heads", "4", "--kv", "2",
+               "--vocab", "1024", "--seq", "128", "--batch", "2", "--steps", "3"]
+# (script text or None for the Llama bench, its arguments, allowed relative peak difference)
+CASES = {"ddp": (TRAIN, ["ddp"], 0.0), "fsdp": (TRAIN, ["fsdp"], 0.0),
+         "llama_fsdp_bf16": (None, SMALL_LLAMA, 0.0), "tp": (TP, [], 0.01)}
+
+
 def _per_rank(rep: dict) -> dict[int, tuple]:
     out = {}
     for r in rep["ranks"]:
@@ -174,29 +205,52 @@ def _per_rank(rep: dict) -> dict[int, tuple]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_fidelity_real_torchrun_vs_dry_run(tmp_path, mode):
-    """Two ranks for real under torchrun, and dry: the same peak HBM per rank (bytes) and
-    the same collectives (op, calls, bytes)."""
-    path = tmp_path / "train.py"
-    path.write_text(textwrap.dedent(TRAIN))
+@pytest.mark.parametrize("case", list(CASES))
+def test_fidelity_real_torchrun_vs_dry_run(tmp_path, case):
+    """Two ranks for real under torchrun, and dry: the same peak HBM per rank (bytes; TP's
+    rank 1 within 1%) and the same collectives (op, calls, bytes)."""
+    text, args, tolerance = CASES[case]
+    path = LLAMA
+    if text is not None:
+        path = tmp_path / "train.py"
+        path.write_text(textwrap.dedent(text))
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
            "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
     real_out = tmp_path / "real"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                            "2", "--standalone", "-m", "neuronlocal", "run", "--report",
-                           str(real_out), str(path), mode], env=env, capture_output=True,
+                           str(real_out), str(path), *args], env=env, capture_output=True,
                           text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc, dry_out = _dry_cli(tmp_path, ["--nproc-per-node", "2", "--steps", "0", str(path),
-                                        mode], timeout=600)
+                                        *args], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     real = _per_rank(json.loads((real_out / "report.json").read_text()))
     dry_rep = json.loads((dry_out / "report.json").read_text())
     dry = _per_rank(dry_rep)
-    assert dry == real
+    assert sorted(dry) == sorted(real) == [0, 1]
+    for rank in (0, 1):
+        assert dry[rank][1] == real[rank][1]  # collectives: op, calls, bytes
+        assert abs(dry[rank][0] - real[rank][0]) <= tolerance * real[rank][0], (dry, real)
     summary = dry_rep["dry_run"]
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
     assert all(r["fits"] and r["breakdown"]["parameters"] > 0 for r in summary["ranks"])
     assert "loss 0.0" in proc.stdout
+
+
+@pytest.mark.slow
+def test_llama_8b_on_64_ranks_dry_runs_in_bounded_host_memory(tmp_path):
+    """8.03B parameters, FSDP2 over 64 logical cores of a trn2.48xlarge, sequence 2048: the
+    rank's peak HBM is reported (it fits in 24 GiB) while the process stays under 1 GiB."""
+    proc, out = _dry_cli(tmp_path, ["--instance", "trn2.48xlarge", "--nproc-per-node", "64",
+                                    "--ranks", "0", "--steps", "2", str(LLAMA)], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("rank 0 step 0"))
+    assert "8.03B params" in line
+    rss_gib = float(line.split("host peak RSS ")[1].split(" GiB")[0])
+    assert rss_gib < 1.0, line
+    rank = json.loads((out / "report.json").read_text())["dry_run"]["ranks"][0]
+    assert rank["fits"] and 16 * 2**30 < rank["peak_hbm_bytes"] < 24 * 2**30, rank
+    assert rank["breakdown"]["parameters"] == rank["breakdown"]["gradients"]
+    assert rank["breakdown"]["optimizer"] == 2 * rank["breakdown"]["parameters"]

@@ -171,7 +171,8 @@ def terminal(summary: dict[str, Any]) -> None:
         if r["error"]:
             print(f"            ended with {r['error']}")
         for a in r["assumed_values"][:5]:
-            print(f"            assumed zero: {a['op']} at {a['at']} (x{a['count']})")
+            print(f"            value read from device memory: {a['op']} at {a['at']} "
+                  f"(x{a['count']})")
     if summary["collectives"]:
         print(f"  collectives (rank {summary['collectives_of_rank']}):")
         for c in summary["collectives"]:

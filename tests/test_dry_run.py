@@ -51,6 +51,50 @@ def test_dry_run_counts_the_same_hbm_as_a_real_run():
     assert dry == real
 
 
+STEPS_SCRIPT = """\
+    import json, sys, torch
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+    from neuronlocal.core import dynamo_metrics
+    dev = torch.device("neuron")
+    torch.manual_seed(0)
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 256), nn.Linear(256, 64)
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+    m = nn.Sequential(M(), M()).to(dev)
+    if sys.argv[1] == "compile":
+        run = torch.compile(m)
+    else:  # activation checkpointing: recomputed in backward
+        def run(x):
+            return checkpoint(m[1], checkpoint(m[0], x, use_reentrant=False),
+                              use_reentrant=False)
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):
+        run(torch.randn(32, 64, device=dev)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    s = torch.neuron.memory_stats(0)
+    print(json.dumps({"peak": s["allocated_bytes.all.peak"],
+                      "reserved": s["reserved_bytes.all.peak"],
+                      "graphs": len(dynamo_metrics.get_dynamo_metrics()["graphs"])}))
+    """
+
+
+@pytest.mark.parametrize("mode", ["compile", "checkpoint"])
+def test_compiled_and_checkpointed_steps_count_the_same_hbm(tmp_path, mode):
+    code = STEPS_SCRIPT.replace("sys.argv[1]", repr(mode))
+    env = {"OMP_NUM_THREADS": "1", "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
+    real = _last_json(run_code(code, env))
+    dry = _last_json(run_code(code, {**env, **DRY,
+                                     "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff2")}))
+    assert dry == real
+    assert real["graphs"] == (1 if mode == "compile" else 0)
+
+
 def test_a_big_tensor_holds_no_host_memory():
     proc = run_code("""\
         import json, resource, torch

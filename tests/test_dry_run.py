@@ -298,3 +298,37 @@ def test_llama_8b_on_64_ranks_dry_runs_in_bounded_host_memory(tmp_path):
     assert rank["fits"] and 16 * 2**30 < rank["peak_hbm_bytes"] < 24 * 2**30, rank
     assert rank["breakdown"]["parameters"] == rank["breakdown"]["gradients"]
     assert rank["breakdown"]["optimizer"] == 2 * rank["breakdown"]["parameters"]
+
+
+def test_each_rank_sees_torchruns_variables_and_a_full_world(tmp_path):
+    (tmp_path / "w.py").write_text(textwrap.dedent("""\
+        import json, os, torch
+        import torch.distributed as dist
+        dist.init_process_group("neuron")
+        objs = [None] * dist.get_world_size()
+        dist.all_gather_object(objs, {"rank": dist.get_rank()})
+        x = torch.ones(1024, device="neuron")
+        dist.all_reduce(x)
+        sub = dist.new_group([0, 1, 2, 3])
+        print("SEEN " + json.dumps({k: os.environ[k] for k in (
+            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+            "MASTER_PORT")} | {"world": dist.get_world_size(), "objs": objs[-1],
+            "device": str(x.device)}))
+        dist.destroy_process_group()
+        """))
+    proc, out = _dry_cli(tmp_path, ["--standalone", "--nproc-per-node", "4", "--nnodes", "2",
+                                    "--ranks", "1,7", "--master-port", "29511", "w.py"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [json.loads(x[5:]) for x in proc.stdout.splitlines() if x.startswith("SEEN ")]
+    assert seen == [
+        {"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+         "GROUP_RANK": "0", "MASTER_PORT": "29511", "world": 8, "objs": {"rank": 1},
+         "device": "neuron:1"},
+        {"RANK": "7", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
+         "GROUP_RANK": "1", "MASTER_PORT": "29511", "world": 8, "objs": {"rank": 7},
+         "device": "neuron:3"}]
+    summary = json.loads((out / "report.json").read_text())["dry_run"]
+    assert summary["world_size"] == 8 and [r["rank"] for r in summary["ranks"]] == [1, 7]
+    colls = {(c["op"], c["group_size"]): c for c in summary["collectives"]}
+    assert colls[("all_reduce", 8)]["bytes"] == 4096
+    assert colls[("all_reduce", 8)]["link"] == "EFA"  # 8 ranks over two 4-core nodes

@@ -163,10 +163,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return dry_run.run(args.args, args.module, args.report, nproc=args.nproc_per_node,
                            nnodes=args.nnodes, ranks=args.ranks, steps=args.steps,
-                           instance=args.instance)
+                           instance=args.instance, master=(args.master_addr, args.master_port))
     dry_only = [f"--{n}" for n, v in (("nproc-per-node", args.nproc_per_node != 1),
                                       ("nnodes", args.nnodes != 1), ("ranks", args.ranks),
-                                      ("steps", args.steps != 2), ("instance", args.instance))
+                                      ("steps", args.steps != 2), ("instance", args.instance),
+                                      ("standalone", args.standalone),
+                                      ("master-addr", args.master_addr),
+                                      ("master-port", args.master_port))
                 if v]
     if dry_only:
         print(f"neuronlocal run: {', '.join(dry_only)} only apply with --dry-run (use torchrun "
@@ -249,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                             "end; default 2)")
     p_run.add_argument("--instance", help="dry run: the instance each node is, e.g. "
                                           "trn2.48xlarge")
+    p_run.add_argument("--standalone", action="store_true",
+                       help="dry run: accepted as torchrun's (a dry run meets no peers)")
+    p_run.add_argument("--master-addr", help="dry run: MASTER_ADDR the script sees")
+    p_run.add_argument("--master-port", type=whole(1, 65535),
+                       help="dry run: MASTER_PORT the script sees")
     p_run.add_argument("args", nargs=argparse.REMAINDER, help="script.py [args...]")
     p_run.set_defaults(func=cmd_run)
     from neuronlocal.estimate.cli import add_arguments as estimate_arguments

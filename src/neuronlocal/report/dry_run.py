@@ -48,13 +48,14 @@ def parse_ranks(spec: str | None, world: int) -> list[int]:
 
 
 def rank_env(rank: int, nproc: int, nnodes: int, run_id: str, steps: int,
-             instance: str | None) -> dict[str, str]:
+             instance: str | None, master: tuple[str | None, int | None] = (None, None)
+             ) -> dict[str, str]:
     """The variables torchrun sets for `rank`, plus the dry-run switches."""
     env = {"RANK": str(rank), "WORLD_SIZE": str(nproc * nnodes), "LOCAL_RANK": str(rank % nproc),
            "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(rank // nproc),
            "NODE_RANK": str(rank // nproc), "ROLE_RANK": str(rank),
-           "ROLE_WORLD_SIZE": str(nproc * nnodes), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": MASTER_PORT, "TORCHELASTIC_RUN_ID": run_id,
+           "ROLE_WORLD_SIZE": str(nproc * nnodes), "MASTER_ADDR": master[0] or "127.0.0.1",
+           "MASTER_PORT": str(master[1] or MASTER_PORT), "TORCHELASTIC_RUN_ID": run_id,
            "NEURONLOCAL_DRY_RUN": "1", "NEURONLOCAL_DRY_RUN_STEPS": str(steps)}
     if instance:
         env["NEURONLOCAL_INSTANCE"] = instance
@@ -184,7 +185,8 @@ def terminal(summary: dict[str, Any]) -> None:
 
 def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int = 1,
         nnodes: int = 1, ranks: str | None = None, steps: int = 2,
-        instance: str | None = None) -> int:
+        instance: str | None = None,
+        master: tuple[str | None, int | None] = (None, None)) -> int:
     """Runs each simulated rank in turn, then writes and prints the dry-run summary."""
     world = nproc * nnodes
     env_instance = {"NEURONLOCAL_INSTANCE": instance} if instance else {}
@@ -206,7 +208,7 @@ def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int 
     codes = []
     for rank in chosen:
         print(f"neuronlocal dry run: rank {rank} of {world}", file=sys.stderr)
-        with _environment(rank_env(rank, nproc, nnodes, run_id, steps, instance)):
+        with _environment(rank_env(rank, nproc, nnodes, run_id, steps, instance, master)):
             codes.append(runner.run(args, module=module, report_dir=out, quiet=True))
         if codes[-1] == 2 and not (out / f"rank{rank}.json").exists():
             return 2  # the script could not start (bad path): runner said why

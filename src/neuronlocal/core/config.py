@@ -92,7 +92,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "host (docs/dry-run.md).", "flag"),
     EnvVar("NEURONLOCAL_DRY_RUN_STEPS", "0",
            "In a dry run, stop the program (exit 0) after this many optimizer steps; 0 runs "
-           "it to its end.", "count"),
+           "it to its end (a whole number)."),
     EnvVar("NEURONLOCAL_DIST_CHECKS", "0",
            "1 checks shapes/dtypes of every collective across ranks (clear error; slower).",
            "flag"),

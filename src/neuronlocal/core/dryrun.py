@@ -13,6 +13,7 @@ the optimizer's parameters, gradients and state are measured, for the memory bre
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -20,23 +21,41 @@ from collections import Counter
 from types import FrameType
 from typing import Any
 
-from neuronlocal.core.config import env_flag, env_str
+from neuronlocal.core.config import ConfigError, env_flag, env_str
 
 _lock = threading.Lock()
 _reads: Counter[tuple[str, str]] = Counter()
 _steps = 0
 _model_state: dict[str, int] = {"parameters": 0, "gradients": 0, "optimizer": 0}
+_warned = False
+log = logging.getLogger("neuronlocal")
 _SKIP = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
 
 
 def enabled() -> bool:
-    """Whether this process is a dry run (read now)."""
-    return env_flag("NEURONLOCAL_DRY_RUN")
+    """Whether this process is a dry run (read now). A bad value is not one: it is the
+    configuration error the device raises at its first use (config.py), never an import
+    error."""
+    try:
+        return env_flag("NEURONLOCAL_DRY_RUN")
+    except ConfigError:
+        return False
 
 
 def step_limit() -> int:
+    """NEURONLOCAL_DRY_RUN_STEPS; a value that is not a whole number is warned once and
+    means no limit (an import must never fail on it)."""
+    global _warned
     raw = env_str("NEURONLOCAL_DRY_RUN_STEPS")
-    return int(raw) if raw and raw.isdigit() else 0
+    if raw is None:
+        return 0
+    if raw.isdigit():
+        return int(raw)
+    if not _warned:
+        _warned = True
+        log.warning("NEURONLOCAL_DRY_RUN_STEPS=%r is not a whole number of steps; the dry "
+                    "run goes to the program's end. Use e.g. 2 (0: no limit).", raw)
+    return 0
 
 
 def _user_line() -> str:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 class Block(nn.Module):
@@ -52,8 +53,10 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, vocab: int, d: int, layers: int, heads: int, kv: int, ffn: int) -> None:
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, kv: int, ffn: int,
+                 ac: bool = False) -> None:
         super().__init__()
+        self.ac = ac
         self.embed = nn.Embedding(vocab, d)
         self.layers = nn.ModuleList(Block(d, heads, kv, ffn) for _ in range(layers))
         self.norm = nn.RMSNorm(d)
@@ -62,7 +65,7 @@ class Llama(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
         for layer in self.layers:
-            x = layer(x)
+            x = checkpoint(layer, x, use_reentrant=False) if self.ac else layer(x)
         return self.head(self.norm(x))
 
 
@@ -78,6 +81,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--init", choices=["meta", "device"], default="meta")
+    p.add_argument("--ac", action="store_true", help="full activation checkpointing per layer")
     a = p.parse_args()
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -85,7 +89,7 @@ def main() -> None:
     torch.manual_seed(0)
     t0 = time.time()
     with torch.device("meta" if a.init == "meta" else "neuron"):
-        model = Llama(a.vocab, a.hidden, a.layers, a.heads, a.kv, a.ffn).to(torch.bfloat16)
+        model = Llama(a.vocab, a.hidden, a.layers, a.heads, a.kv, a.ffn, a.ac).to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.layers:

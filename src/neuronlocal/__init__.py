@@ -10,7 +10,8 @@ imports this package. Importing it registers everything, once, in this order:
    `config_error`, the device has no visible core, and its use raises that one-line error;
 2. rename PrivateUse1 to `neuron`;
 3. the C++ core: device guard, hooks, HBM allocator, eager kernels (neuronlocal._C), with
-   the runtime's starter;
+   the runtime's starter; in a dry run (NEURONLOCAL_DRY_RUN=1) its data-less mode
+   (core.dryrun);
 4. eager policy: CPU-fallback op list, 64-bit policy, direct kernels (eager);
 5. register `torch.neuron` (device) and generate `.neuron()` methods; higher-order
    operators fall through neuron's autocast key, as through CPU's and CUDA's (amp);
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from neuronlocal.core import VERSION
+from neuronlocal.core import dryrun as _dryrun
 from neuronlocal.core import logs as _logs
 from neuronlocal.core import state as _state
 
@@ -39,6 +41,8 @@ torch.utils.rename_privateuse1_backend("neuron")
 import neuronlocal._C as _C  # noqa: E402  (needs the rename above)
 
 _C._init(_state.start)
+if _dryrun.enabled():  # NEURONLOCAL_DRY_RUN: data-less tensors, before any is made
+    _dryrun.install()
 
 from neuronlocal import device, eager  # noqa: E402
 from neuronlocal.eager.tracking import (  # noqa: E402

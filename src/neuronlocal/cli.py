@@ -158,6 +158,23 @@ def cmd_env(_: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from neuronlocal.report import runner
 
+    if args.dry_run:
+        from neuronlocal.report import dry_run
+
+        return dry_run.run(args.args, args.module, args.report, nproc=args.nproc_per_node,
+                           nnodes=args.nnodes, ranks=args.ranks, steps=args.steps,
+                           instance=args.instance, master=(args.master_addr, args.master_port))
+    dry_only = [f"--{n}" for n, v in (("nproc-per-node", args.nproc_per_node != 1),
+                                      ("nnodes", args.nnodes != 1), ("ranks", args.ranks),
+                                      ("steps", args.steps != 2), ("instance", args.instance),
+                                      ("standalone", args.standalone),
+                                      ("master-addr", args.master_addr),
+                                      ("master-port", args.master_port))
+                if v]
+    if dry_only:
+        print(f"neuronlocal run: {', '.join(dry_only)} only apply with --dry-run (use torchrun "
+              "to start real ranks)", file=sys.stderr)
+        return 2
     return runner.run(args.args, module=args.module, report_dir=args.report)
 
 
@@ -221,6 +238,25 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--report", default="neuron_report", metavar="DIR",
                        help="where report.html, report.json and rank<N>.json go")
     p_run.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script")
+    p_run.add_argument("--dry-run", action="store_true",
+                       help="run at full size with no tensor bytes: every simulated rank's "
+                            "peak HBM and collectives, without the hardware (docs/dry-run.md)")
+    p_run.add_argument("--nproc-per-node", type=whole(1, 128), default=1,
+                       help="dry run: ranks per node, as torchrun's")
+    p_run.add_argument("--nnodes", type=whole(1, 4096), default=1,
+                       help="dry run: nodes (instances), as torchrun's")
+    p_run.add_argument("--ranks", help="dry run: ranks to simulate: `all` or e.g. 0,63 "
+                                       "(default: rank 0 and the last)")
+    p_run.add_argument("--steps", type=whole(0, 10**6), default=2,
+                       help="dry run: stop after this many optimizer steps (0: run to the "
+                            "end; default 2)")
+    p_run.add_argument("--instance", help="dry run: the instance each node is, e.g. "
+                                          "trn2.48xlarge")
+    p_run.add_argument("--standalone", action="store_true",
+                       help="dry run: accepted as torchrun's (a dry run meets no peers)")
+    p_run.add_argument("--master-addr", help="dry run: MASTER_ADDR the script sees")
+    p_run.add_argument("--master-port", type=whole(1, 65535),
+                       help="dry run: MASTER_PORT the script sees")
     p_run.add_argument("args", nargs=argparse.REMAINDER, help="script.py [args...]")
     p_run.set_defaults(func=cmd_run)
     from neuronlocal.estimate.cli import add_arguments as estimate_arguments

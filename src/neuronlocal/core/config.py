@@ -85,6 +85,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "1 keeps outputs of compiled graphs fed only CPU tensors on the CPU.", "flag"),
     EnvVar("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "0",
            "1 makes CPU tensors passed to a compiled graph an error instead of a copy.", "flag"),
+    EnvVar("NEURONLOCAL_DRY_RUN", "0",
+           "1: a dry run (`neuronlocal run --dry-run` sets it): neuron tensors carry shapes "
+           "and HBM accounting but no bytes, ops run meta kernels, collectives complete "
+           "without peers; values read from the device are zeros, except small copies from the "
+           "host (docs/dry-run.md).", "flag"),
+    EnvVar("NEURONLOCAL_DRY_RUN_STEPS", "0",
+           "In a dry run, stop the program (exit 0) after this many optimizer steps; 0 runs "
+           "it to its end (a whole number)."),
     EnvVar("NEURONLOCAL_DIST_CHECKS", "0",
            "1 checks shapes/dtypes of every collective across ranks (clear error; slower).",
            "flag"),

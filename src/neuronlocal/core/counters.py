@@ -18,6 +18,8 @@ log = logging.getLogger("neuronlocal.report")
 
 _lock = threading.Lock()
 _collectives: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])  # -> [count, bytes]
+# (rank, op, group size) -> [count, bytes]
+_collective_groups: dict[tuple[int, str, int], list[int]] = defaultdict(lambda: [0, 0])
 _counters: dict[str, int] = defaultdict(int)
 _swaps: dict[tuple[str, str], int] = defaultdict(int)  # (model, layer class) -> modules
 
@@ -37,13 +39,19 @@ def current_rank() -> int:
         return 0
 
 
-def record_collective(op: str, nbytes: int, rank: int | None = None) -> None:
-    """Counts one collective (e.g. "all_reduce") moving `nbytes` bytes from this rank."""
+def record_collective(op: str, nbytes: int, rank: int | None = None,
+                      group_size: int | None = None) -> None:
+    """Counts one collective (e.g. "all_reduce") moving `nbytes` bytes from this rank, in a
+    group of `group_size` ranks (when known)."""
     r = current_rank() if rank is None else rank
     with _lock:
         entry = _collectives[(r, op)]
         entry[0] += 1
         entry[1] += int(nbytes)
+        if group_size is not None:
+            g = _collective_groups[(r, op, int(group_size))]
+            g[0] += 1
+            g[1] += int(nbytes)
     log.debug("collective %s: %d bytes (rank %d)", op, nbytes, r)
 
 
@@ -52,6 +60,14 @@ def get_collectives() -> list[dict[str, Any]]:
     with _lock:
         items = sorted(_collectives.items())
     return [{"rank": r, "op": op, "count": c, "bytes": b} for (r, op), (c, b) in items]
+
+
+def get_collective_groups() -> list[dict[str, Any]]:
+    """[{rank, op, group_size, count, bytes}]: collectives by the size of their group."""
+    with _lock:
+        items = sorted(_collective_groups.items())
+    return [{"rank": r, "op": op, "group_size": g, "count": c, "bytes": b}
+            for (r, op, g), (c, b) in items]
 
 
 def increment(name: str, value: int = 1) -> None:
@@ -85,5 +101,6 @@ def reset() -> None:
     """Clears the counters kept here (collectives, user counters, kernel swaps)."""
     with _lock:
         _collectives.clear()
+        _collective_groups.clear()
         _counters.clear()
         _swaps.clear()

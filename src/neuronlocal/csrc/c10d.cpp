@@ -13,7 +13,12 @@
 // timeout; all_to_all with even splits only (as TorchNeuron); all_gather_into_tensor and
 // reduce_scatter_tensor on flat buffers (element counts only, as NCCL); an optional
 // cross-rank check of shapes and dtypes; one report record per collective.
-#include "neuron.h"
+//
+// In a dry run (no inner gloo) the group stands for all its ranks from this one process:
+// every collective completes at once, recorded as in a real run, with uniform-rank
+// semantics (every rank holds this rank's data). Neuron tensors hold no bytes, so only CPU
+// tensors (object collectives) get data: gathers copy this rank's input to every slot.
+#include "dry.h"
 
 #include <ATen/ThreadLocalPythonObjects.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -36,7 +41,7 @@ using WorkPtr = c10::intrusive_ptr<Work>;
 
 // Python hooks, set once by neuronlocal.distributed and never released: they must outlive
 // every group, and a decref after interpreter shutdown would crash.
-py::object* g_record = nullptr;       // record_collective(op, nbytes, rank)
+py::object* g_record = nullptr;       // record_collective(op, nbytes, rank, group_size)
 PyObject* g_error_class = nullptr;    // NeuronCollectiveError
 
 // A collective failed in gloo (peer died, timeout, mismatched sizes). Python sees it as
@@ -350,19 +355,28 @@ class NeuronBackend : public c10d::Backend {
                 std::string timeout, bool checks)
       : Backend(rank, size), gloo_(std::move(gloo)),
         where_(std::make_shared<const Where>(Where{rank, size, std::move(timeout)})),
-        record_rank_(record_rank), checks_(checks) {
-    install_terminate_guard(record_rank);
+        record_rank_(record_rank), checks_(checks && gloo_) {
+    if (gloo_) install_terminate_guard(record_rank);
   }
 
   const std::string getBackendName() const override { return "neuron"; }
-  void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    if (gloo_) gloo_->setTimeout(timeout);
+  }
   void setGroupUid(const std::string& uid) override {
     Backend::setGroupUid(uid);
-    gloo_->setGroupUid(uid);
+    if (gloo_) gloo_->setGroupUid(uid);
   }
-  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
-  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
-  c10::intrusive_ptr<Options> getBackendOptions() override { return gloo_->getBackendOptions(); }
+  void setSequenceNumberForGroup() override {
+    if (gloo_) gloo_->setSequenceNumberForGroup();
+  }
+  uint64_t getSequenceNumberForGroup() override {
+    return gloo_ ? gloo_->getSequenceNumberForGroup() : seq_.load();
+  }
+  c10::intrusive_ptr<Options> getBackendOptions() override {
+    if (gloo_) return gloo_->getBackendOptions();
+    return c10::make_intrusive<Options>("neuron");
+  }
 
   // gloo issues each op at once; a coalescing block returns one work over all of them.
   void startCoalescing() override {
@@ -399,6 +413,7 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
                     const c10d::AllgatherOptions& o) override {
     check("all_gather", ins);
+    if (!gloo_) uniform_gather(outs, ins);
     return issue("all_gather", OpType::ALLGATHER, flat(outs), [&] {
       auto ao = hosts(outs);
       auto ai = hosts(ins);
@@ -408,6 +423,7 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in,
                           const c10d::AllgatherOptions& o) override {
     check("all_gather_into_tensor", {in});
+    if (!gloo_) uniform_gather_flat(out, in, size_);
     return issue("all_gather_into_tensor", OpType::_ALLGATHER_BASE, {out}, [&] {
       auto ao = stacked(out, in, size_, "all_gather_into_tensor", true);
       auto ai = host(in);
@@ -570,6 +586,7 @@ class NeuronBackend : public c10d::Backend {
     });
   }
   void monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_ranks) override {
+    if (!gloo_) return;
     NoPythonObjects clean;
     gloo_->monitoredBarrier(o, wait_all_ranks);
   }
@@ -583,7 +600,7 @@ class NeuronBackend : public c10d::Backend {
     }
     g_last_what = what;
     std::vector<WorkPtr> inner;
-    {
+    if (gloo_) {
       NoPythonObjects clean;
       inner = start();
     }
@@ -600,7 +617,7 @@ class NeuronBackend : public c10d::Backend {
     if (g_record == nullptr || !python_alive()) return;
     py::gil_scoped_acquire gil;
     try {
-      (*g_record)(what, bytes, record_rank_);
+      (*g_record)(what, bytes, record_rank_, size_);
     } catch (py::error_already_set& e) {
       e.discard_as_unraisable("neuronlocal record_collective");
     }
@@ -628,6 +645,31 @@ class NeuronBackend : public c10d::Backend {
     os << "\nEvery rank must pass tensors of the same shape and dtype to the same collective, "
        << "in the same order.";
     TORCH_CHECK_VALUE(false, os.str());
+  }
+
+  // Dry run: every rank's input is this rank's, so each output slot gets a copy of it, where
+  // it has bytes: CPU tensors, and neuron ones up to the size whose bytes a dry run keeps
+  // (metadata such as DDP's parameter counts, which libraries read back).
+  static at::Tensor bytes_of(const at::Tensor& t) {
+    if (t.device().is_cpu()) return t;
+    if (t.numel() * static_cast<int64_t>(t.element_size()) > kDryKeepBytes) return {};
+    return cpu_alias(t);
+  }
+  static void uniform_gather(std::vector<std::vector<at::Tensor>>& outs,
+                             const std::vector<at::Tensor>& ins) {
+    for (size_t i = 0; i < outs.size() && i < ins.size(); ++i) {
+      auto in = bytes_of(ins[i]);
+      if (!in.defined()) continue;
+      for (auto& o : outs[i]) {
+        auto out = bytes_of(o);
+        if (out.defined() && out.numel() == in.numel()) out.copy_(in.view_as(out));
+      }
+    }
+  }
+  static void uniform_gather_flat(const at::Tensor& out, const at::Tensor& in, int size) {
+    auto i = bytes_of(in), o = bytes_of(out);
+    if (!i.defined() || !o.defined() || !o.is_contiguous() || o.numel() != i.numel() * size) return;
+    for (const auto& chunk : o.view({-1}).chunk(size)) chunk.copy_(i.reshape({-1}));
   }
 
   // TorchNeuron's alltoall supports only even splits; say so instead of computing.
@@ -670,7 +712,8 @@ class NeuronGroup : public c10d::ProcessGroup {
       : ProcessGroup(store, rank, size) {
     setDefaultBackend(BackendType::CUSTOM);
     for (auto type : {kNeuron, c10::DeviceType::CPU}) setBackend(type, BackendType::CUSTOM, backend);
-    deviceTypes_.erase(c10::DeviceType::CPU);
+    // A dry run keeps CPU: object collectives then travel as CPU bytes (neuron ones hold none).
+    if (!dry_run()) deviceTypes_.erase(c10::DeviceType::CPU);
   }
   const std::string getBackendName() const override { return "neuron"; }
 };
@@ -685,6 +728,12 @@ void bind_c10d(py::module_& m) {
                                                     std::move(timeout), checks);
         },
         "the neuron c10d backend over an inner gloo backend");
+  m.def("_c10d_dry_backend",
+        [](int rank, int size, int record_rank) -> c10::intrusive_ptr<c10d::Backend> {
+          return c10::make_intrusive<NeuronBackend>(nullptr, rank, size, record_rank, "none",
+                                                    false);
+        },
+        "the neuron c10d backend of a dry run: collectives complete without peers");
   m.def("_c10d_group",
         [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
            const c10::intrusive_ptr<c10d::Backend>& backend) -> c10::intrusive_ptr<c10d::ProcessGroup> {

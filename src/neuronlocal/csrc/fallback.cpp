@@ -9,7 +9,15 @@
 // new neuron storage that owns the CPU result's bytes and counts them against the core.
 // Per-op analysis of the schema is done once and cached; which ops run on the host and
 // which keep 64 bits is data that Python sets (neuronlocal/eager/ops.py).
-#include "neuron.h"
+//
+// In a dry run (memory.cpp) the same path runs each op's Meta kernel on data-less meta
+// aliases instead, so placement, the 64-bit rule, tracking and HBM accounting are those of
+// a real run while no bytes exist. An op without a meta kernel (data-dependent output:
+// nonzero, unique, bincount) runs its CPU kernel on the memory of its inputs, and a value
+// read from the device (item, copies to the host) is read from that memory: zeros wherever
+// an op computed it (no kernel writes), the bytes of small copies from the host (see
+// kernels.cpp). Each such read is reported (dry_read).
+#include "dry.h"
 
 #include <c10/util/SmallVector.h>
 
@@ -67,6 +75,26 @@ struct OpInfo {
   std::atomic<bool> warned{false};
   std::atomic<bool> wrap_warned{false};  // an int64 value outside int32 was seen
 };
+
+std::function<void(const std::string&)>& dry_read_hook() {
+  static auto* h = new std::function<void(const std::string&)>();  // leaked, like the hooks
+  return *h;
+}
+
+// A meta tensor with the sizes, strides, offset and dtype of neuron tensor `t`, over a
+// storage of the same byte size: what a meta kernel sees in place of the CPU alias.
+at::Tensor meta_alias(const at::Tensor& t) {
+  auto* src = t.storage().unsafeGetStorageImpl();
+  c10::Storage st(c10::Storage::use_byte_size_t(), src->nbytes(),
+                  c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                  c10::GetAllocator(c10::DeviceType::Meta), true);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(st), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) out._set_conj(true);
+  if (t.is_neg()) out._set_neg(true);
+  return out;
+}
 
 std::mutex g_info_mu;  // guards g_infos, g_decisions and the op data above
 std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> g_infos;
@@ -207,6 +235,7 @@ struct Call {
   c10::Device cpu_seen{c10::kCPU};
   size_t cpu_arg = SIZE_MAX;  // first non-scalar tensor argument on another device
   const bool downcast = g_downcast.load(std::memory_order_relaxed);
+  const bool dry = dry_run();
   bool downcast_f = false, downcast_i = false;
   c10::SmallVector<Input, 8> inputs;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted;
@@ -231,7 +260,7 @@ struct Call {
     else if (dev.index() != index) {
       mixed_devices(info, {kNeuron, index}, dev, op_arg_name(arg));
     }
-    Input x{t, alias_of(t), {}, write};
+    Input x{t, dry ? meta_alias(t) : alias_of(t), {}, write};
     x.compute = x.alias;
     if (downcast && !d.exact) {
       auto st = t.scalar_type();
@@ -239,7 +268,9 @@ struct Call {
         x.compute = x.alias.to(st == at::kDouble ? at::kFloat : at::kComplexFloat);
         downcast_f = true;
       } else if (st == at::kLong && d.pointwise) {
-        if (!info.wrap_warned.load(std::memory_order_relaxed)) check_int32_range(info, x.alias);
+        if (!dry && !info.wrap_warned.load(std::memory_order_relaxed)) {
+          check_int32_range(info, x.alias);
+        }
         x.compute = x.alias.to(at::kInt);
         downcast_i = true;
       }
@@ -259,7 +290,13 @@ struct Call {
     auto* a = x.alias.unsafeGetTensorImpl();
     const auto& ast = a->storage();
     auto* nst = n->storage().unsafeGetStorageImpl();
-    if (ast.data() != nst->data() || ast.nbytes() != nst->nbytes()) {
+    if (dry) {
+      if (ast.nbytes() != nst->nbytes()) {
+        nst->set_data_ptr_noswap(dry_data(static_cast<int64_t>(ast.nbytes()),
+                                          x.neuron.device().index()));
+        nst->set_nbytes(ast.nbytes());
+      }
+    } else if (ast.data() != nst->data() || ast.nbytes() != nst->nbytes()) {
       nst->set_data_ptr_noswap(adopt_data(ast, x.neuron.device().index()));
       nst->set_nbytes(ast.nbytes());
     }
@@ -270,7 +307,7 @@ struct Call {
   }
 
   at::Tensor out(at::Tensor r) {
-    if (!r.defined() || !r.device().is_cpu()) return r;
+    if (!r.defined() || !(r.device().is_cpu() || (dry && r.device().is_meta()))) return r;
     auto* impl = r.unsafeGetTensorImpl();
     for (auto& x : inputs) {
       if (impl == x.compute.unsafeGetTensorImpl()) {
@@ -291,14 +328,20 @@ struct Call {
     for (auto& [cpu, st] : adopted) {
       if (cpu == sti) return make_neuron(st, r);
     }
-    if (r._is_zerotensor()) r = at::zeros(r.sizes(), r.options());
+    if (r._is_zerotensor() && !dry) r = at::zeros(r.sizes(), r.options());
     auto st = r.scalar_type();
     if ((downcast_f && (st == at::kFloat || st == at::kComplexFloat)) ||
         (downcast_i && st == at::kInt)) {
       r = r.to(st == at::kFloat ? at::kDouble : st == at::kInt ? at::kLong : at::kComplexDouble);
     }
     auto idx = index < 0 ? current_device() : index;
-    auto nst = adopt_storage(r.storage(), idx);
+    auto nst = dry ? dry_storage(static_cast<int64_t>(r.storage().nbytes()), idx)
+                   : adopt_storage(r.storage(), idx);
+    // A small host result (an op without a meta kernel) keeps its bytes, as small copies do.
+    if (dry && !r.is_meta() && r.storage().nbytes() > 0 &&
+        static_cast<int64_t>(r.storage().nbytes()) <= kDryKeepBytes) {
+      std::memcpy(nst.mutable_data(), r.storage().data(), r.storage().nbytes());
+    }
     adopted.emplace_back(r.storage().unsafeGetStorageImpl(), nst);
     return make_neuron(nst, r);
   }
@@ -380,7 +423,70 @@ std::optional<at::ScalarType> float_for_half(const OpInfo& info, torch::jit::Sta
   return wanted;
 }
 
+// `.item()` in a dry run: read from the tensor's memory (zero unless copied from the host).
+void dry_item(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto& v = stack->back();
+  v = alias_of(v.toTensor());
+  dry_read("aten::_local_scalar_dense (.item())");
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+// The memory behind meta input `t` as a CPU tensor (in the dtype the kernel was given).
+at::Tensor host_for(const at::Tensor& t, const c10::SmallVector<Input, 8>& inputs) {
+  for (const auto& x : inputs) {
+    if (x.compute.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      auto a = alias_of(x.neuron);
+      return a.scalar_type() == t.scalar_type() ? a : a.to(t.scalar_type());
+    }
+  }
+  return at::zeros(t.sizes(), t.options().device(c10::kCPU));
+}
+
+// The op's Meta kernel on the meta aliases. Without one (ops whose output shape depends on
+// the data), an op that writes no argument runs its CPU kernel on its inputs' memory, and
+// the read is reported; its results become data-less neuron tensors like any other.
+void redispatch_dry(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                    size_t base, const c10::SmallVector<Input, 8>& inputs) {
+  std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
+    return;
+  } catch (const std::exception&) {
+    for (bool w : info.write) if (w) throw;
+  }
+  stack->resize(base);
+  for (auto& v : args) {
+    if (v.isTensor() && v.toTensor().is_meta()) {
+      v = host_for(v.toTensor(), inputs);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        if (list.get(j).is_meta()) list.set(j, host_for(list.get(j), inputs));
+      }
+    } else if (v.isOptionalTensorList()) {
+      auto list = v.toOptionalTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        std::optional<at::Tensor> t = list.get(j);
+        if (t.has_value() && t->is_meta()) list.set(j, host_for(*t, inputs));
+      }
+    } else if (v.isDevice() && v.toDevice().is_meta()) {
+      v = c10::IValue(c10::Device(c10::kCPU));
+    }
+    stack->push_back(std::move(v));
+  }
+  dry_read(info.name + " (no meta kernel: ran on the device memory, zeros where computed)");
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
 }  // namespace
+
+void set_dry_read_hook(std::function<void(const std::string&)> hook) {
+  dry_read_hook() = std::move(hook);
+}
+
+void dry_read(const std::string& what) {
+  if (dry_read_hook()) dry_read_hook()(what);
+}
 
 void tracked_composite(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   info_for(op).executed++;
@@ -399,7 +505,11 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const Decision& d = *info.decision.load(std::memory_order_acquire);
   info.executed++;
   if (d.cpu_fallback) on_cpu_fallback(info, d);
-  if (info.foreach != ForeachKind::None && queue_foreach(op, info.foreach, stack)) return;
+  const bool dry = dry_run();
+  if (dry && info.base == "aten::_local_scalar_dense") return dry_item(op, stack);
+  if (!dry && info.foreach != ForeachKind::None && queue_foreach(op, info.foreach, stack)) {
+    return;
+  }
   settle();
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
@@ -422,7 +532,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     } else if (v.isDevice() && v.toDevice().type() == kNeuron) {
       auto d = v.toDevice();
       if (call.index < 0) call.index = d.has_index() ? d.index() : current_device();
-      v = c10::IValue(c10::Device(c10::kCPU));
+      v = c10::IValue(c10::Device(dry ? c10::kMeta : c10::kCPU));
     }
   }
   if (call.cpu_arg != SIZE_MAX) {
@@ -445,7 +555,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   std::optional<Draw> draw;  // the core's stream (or a neuron generator passed in), on CPU
-  if (info.generator_arg >= 0) {
+  if (dry && info.generator_arg >= 0) {
+    (*stack)[base + info.generator_arg] = c10::IValue();  // meta kernels draw nothing
+  } else if (info.generator_arg >= 0) {
     auto& g = (*stack)[base + info.generator_arg];
     if (g.isNone() || g.toGenerator().device().type() == kNeuron) {
       draw.emplace(g.isNone() ? default_generator(call.index) : g.toGenerator());
@@ -453,7 +565,11 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   const auto result_dtype = float_for_half(info, *stack, base);
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  if (dry) {
+    redispatch_dry(op, info, stack, base, call.inputs);
+  } else {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
   draw.reset();
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;

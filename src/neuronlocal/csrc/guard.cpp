@@ -8,7 +8,7 @@
 // budgets and generators are set then, from the environment as it is at that moment, so a
 // program may set NEURON_RT_VISIBLE_CORES after `import torch`. After the start they are
 // fixed for the life of the process.
-#include "neuron.h"
+#include "dry.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -153,7 +153,7 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
     }
     t_device = prev;
     auto keep = std::min(newsize, impl->nbytes());
-    if (keep) std::memcpy(fresh.get(), impl->data(), keep);
+    if (keep && !dry_run()) std::memcpy(fresh.get(), impl->data(), keep);
     impl->set_data_ptr_noswap(std::move(fresh));
     impl->set_nbytes(newsize);
     follow_resize(impl);

@@ -2,7 +2,7 @@
 // (fallback.cpp): allocation, views and resizing on neuron storage, copies between devices,
 // dropout drawing from the core's generator, convolution through CPU's overrideable entry,
 // and the choice of SDPA kernel. registration.cpp registers them.
-#include "neuron.h"
+#include "dry.h"
 
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_to_copy_native.h>
@@ -27,7 +27,14 @@ struct IndexGuard {
 
 at::Tensor to_neuron_like(const at::Tensor& r, c10::DeviceIndex idx) {
   if (!r.defined()) return r;
+  if (r.is_meta()) return make_neuron(dry_storage(static_cast<int64_t>(r.storage().nbytes()), idx), r);
   return make_neuron(adopt_storage(r.storage(), idx), r);
+}
+
+// What a kernel computes on: the CPU alias, or in a dry run a meta tensor of the same shape.
+at::Tensor operand(const at::Tensor& t) {
+  if (!dry_run()) return cpu_alias(t);
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
 }
 
 // Set while `_to_copy` runs: moving a tensor to another core is TorchNeuron's `.to()`, and
@@ -123,6 +130,18 @@ const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
   settle();
   IndexGuard g(self.device());
   auto* st = self.storage().unsafeGetStorageImpl();
+  if (dry_run()) {  // the new shape and, when it grows, fresh data-less bytes (nothing to copy)
+    auto* impl = self.unsafeGetTensorImpl();
+    impl->set_sizes_contiguous(size);
+    if (mf) impl->empty_tensor_restride(*mf);
+    const auto need = static_cast<size_t>(
+        (self.storage_offset() + self.numel()) * static_cast<int64_t>(self.element_size()));
+    if (self.numel() && need > st->nbytes()) {
+      st->set_data_ptr_noswap(dry_data(static_cast<int64_t>(need), self.device().index()));
+      st->set_nbytes(need);
+    }
+    return self;
+  }
   const void* before = st->data();
   const auto& out = at::native::resize_(self, size, mf);
   if (self.storage().unsafeGetStorageImpl() == st && st->data() != before) follow_resize(st);
@@ -136,6 +155,17 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
               "Device-to-device copy requires tensors on same Neuron core (copy_ from ",
               self.device(), " into ", dst.device(), "). Move the source first: "
               "dst.copy_(src.to(dst.device)).");
+  // A dry run's device memory reads as zeros where no op wrote (ops run meta kernels); a
+  // copy onto the device keeps its bytes up to kDryKeepBytes (metadata, counters, seeds that
+  // programs read back), and larger ones are dropped.
+  if (dry_run()) {
+    const bool to_host = dst.device().type() != kNeuron;
+    if (to_host && self.device().type() == kNeuron) {
+      dry_read("copy of a neuron tensor to " + dst.device().str());
+    } else if (!to_host && dst.numel() * static_cast<int64_t>(dst.element_size()) > kDryKeepBytes) {
+      return dst;
+    }
+  }
   auto src = self.device().type() == kNeuron ? cpu_alias(self) : self;
   auto out = dst.device().type() == kNeuron ? cpu_alias(dst) : dst;
   out.copy_(src);
@@ -176,6 +206,9 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
                                                   std::optional<bool> train) {
   static auto& executed = executed_counter("aten::native_dropout", "");
   executed++;
+  if (dry_run()) {  // shapes only: the output and its mask
+    return {at::empty_like(input), at::empty_like(input, input.options().dtype(at::kBool))};
+  }
   auto x = cpu_alias(input);
   auto idx = input.device().index();
   at::Tensor out, mask;
@@ -205,8 +238,8 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                     bool transposed, c10::IntArrayRef output_padding,
                                     int64_t groups) {
   std::optional<at::Tensor> b;
-  if (bias && bias->defined()) b = cpu_alias(*bias);
-  auto r = at::convolution(cpu_alias(input), cpu_alias(weight), b, stride, padding, dilation,
+  if (bias && bias->defined()) b = operand(*bias);
+  auto r = at::convolution(operand(input), operand(weight), b, stride, padding, dilation,
                            transposed, output_padding, groups);
   return to_neuron_like(r, input.device().index());
 }
@@ -217,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
   int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
   auto [gi, gw, gb] = at::convolution_backward(
-      cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
+      operand(grad_output), operand(input), operand(weight),
       std::vector<int64_t>{channels}, stride, padding, dilation, transposed, output_padding,
       groups, mask);
   auto idx = input.device().index();

@@ -6,7 +6,7 @@
 // large pool), freed blocks stay reserved until empty_cache(), and a request that does not
 // fit after flushing the cache raises torch.OutOfMemoryError. So a model that would not
 // fit on a Trainium core does not fit here either, at the same size.
-#include "neuron.h"
+#include "dry.h"
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +16,8 @@
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
+
+#include <sys/mman.h>
 
 namespace neuron {
 namespace {
@@ -43,6 +45,7 @@ struct Core {
   Stat allocated_bytes[3], reserved_bytes[3], active_bytes[3], requested_bytes[3];
   Stat allocation[3], segment[3];
   int64_t cached_free[3] = {0, 0, 0};
+  int64_t dry_ooms = 0;  // dry run: requests that would have raised (they go on)
   int64_t num_ooms = 0, num_alloc_retries = 0, num_tensor_frees = 0, allocation_requests = 0;
   std::vector<std::pair<double, int64_t>> timeline;
 };
@@ -65,6 +68,7 @@ std::string& unavailable_reason() {
   return *s;
 }
 std::atomic<bool> g_unavailable{false};
+std::atomic<bool> g_dry{false};
 bool g_timeline = false;
 const auto g_start = std::chrono::steady_clock::now();
 
@@ -133,6 +137,7 @@ Block* account(c10::DeviceIndex index, int64_t nbytes) {
   if (nbytes == 0) return b;
   int64_t size = round_size(nbytes);
   int pool = size < kSmallLimit ? 1 : 2;
+  std::string dry_oom;
   std::unique_lock<std::mutex> lock(mu());
   Core& c = core(index);
   c.allocation_requests++;
@@ -144,7 +149,15 @@ Block* account(c10::DeviceIndex index, int64_t nbytes) {
       c.num_alloc_retries++;
       release_cache(c);
     }
-    if (c.reserved_bytes[0].current + seg > c.budget) {
+    if (c.reserved_bytes[0].current + seg > c.budget && g_dry.load()) {
+      if (c.dry_ooms++ == 0) {
+        std::ostringstream os;
+        os << "out of memory on neuron:" << static_cast<int>(index) << ": allocating "
+           << fmt_bytes(nbytes) << " needs " << fmt_bytes(c.reserved_bytes[0].current + seg)
+           << " reserved of " << fmt_bytes(c.budget) << " HBM";
+        dry_oom = os.str();
+      }
+    } else if (c.reserved_bytes[0].current + seg > c.budget) {
       c.num_ooms++;
       std::ostringstream os;
       os << "neuron:" << static_cast<int>(index) << " out of memory: tried to allocate "
@@ -185,6 +198,8 @@ Block* account(c10::DeviceIndex index, int64_t nbytes) {
   sample(c);
   b->size = size;
   b->pool = pool;
+  lock.unlock();
+  if (!dry_oom.empty()) dry_read(dry_oom);  // outside the lock: the hook takes the GIL
   return b;
 }
 
@@ -245,6 +260,73 @@ void free_block(void* ctx) {
 }
 
 
+// ---- dry run ----------------------------------------------------------------------------
+// In a dry run neuron storages hold no bytes: each gets a distinct address in one reserved,
+// never-committed mapping (MAP_NORESERVE), so pointers stay unique (tied-weight and aliasing
+// checks keep working), a stray read sees zeros and costs no memory, and a stray write
+// commits only the pages it touches (released again when the block is freed). Addresses of
+// freed blocks are reused by size class; the accounting is the real allocator's, except that
+// a request past the core's HBM is counted (dry_ooms, the first one reported with its line)
+// instead of raised, so the run goes on to its true peak.
+constexpr int64_t kDryRegion = int64_t{1} << 44;  // 16 TiB of address space, no memory
+char* g_dry_base = nullptr;
+int64_t g_dry_top = 0;
+std::unordered_map<int64_t, std::vector<char*>>& dry_free() {
+  static auto* m = new std::unordered_map<int64_t, std::vector<char*>>();
+  return *m;
+}
+
+char* dry_address(int64_t size) {  // under mu()
+  auto& fl = dry_free()[size];
+  if (!fl.empty()) {
+    char* p = fl.back();
+    fl.pop_back();
+    return p;
+  }
+  if (g_dry_base == nullptr) {
+    void* p = mmap(nullptr, kDryRegion, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    TORCH_CHECK(p != MAP_FAILED, "neuronlocal dry run: cannot reserve address space for "
+                "data-less neuron tensors (mmap failed). Run without --dry-run.");
+    g_dry_base = static_cast<char*>(p);
+  }
+  const int64_t step = (size + 4095) / 4096 * 4096;
+  TORCH_CHECK(g_dry_top + step <= kDryRegion, "neuronlocal dry run: address space for "
+              "data-less tensors exhausted (16 TiB live on one process).");
+  char* p = g_dry_base + g_dry_top;
+  g_dry_top += step;
+  return p;
+}
+
+struct DryBlock {
+  Block* block;
+  char* addr;
+};
+
+void free_dry(void* ctx) {
+  auto* d = static_cast<DryBlock*>(ctx);
+  const int64_t size = d->block->size;
+  if (size >= 4096) madvise(d->addr, static_cast<size_t>(size), MADV_DONTNEED);
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    dry_free()[size].push_back(d->addr);
+  }
+  free_block(d->block);
+  delete d;
+}
+
+c10::DataPtr dry_ptr(Block* b, c10::Device dev) {
+  char* addr = nullptr;
+  try {
+    std::lock_guard<std::mutex> lock(mu());
+    addr = dry_address(b->size);
+  } catch (...) {
+    free_block(b);
+    throw;
+  }
+  return c10::DataPtr(addr, new DryBlock{b, addr}, &free_dry, dev);
+}
+
 struct NeuronAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     if (g_unavailable.load(std::memory_order_relaxed)) check_available();
@@ -252,6 +334,7 @@ struct NeuronAllocator final : public c10::Allocator {
     c10::Device dev(kNeuron, index);
     if (n == 0) return c10::DataPtr(nullptr, dev);
     Block* b = account(index, static_cast<int64_t>(n));
+    if (g_dry.load(std::memory_order_relaxed)) return dry_ptr(b, dev);
     try {
       b->host = host_buffer(b->size);
     } catch (...) {
@@ -362,6 +445,20 @@ void set_budgets(const std::vector<int64_t>& bytes_per_core) {
   for (size_t i = 0; i < bytes_per_core.size(); ++i) cs[i].budget = bytes_per_core[i];
 }
 
+void set_dry_run(bool on) { g_dry.store(on); }
+bool dry_run() { return g_dry.load(std::memory_order_relaxed); }
+
+c10::Storage dry_storage(int64_t nbytes, c10::DeviceIndex index) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, dry_data(nbytes, index), allocator(), true));
+}
+
+c10::DataPtr dry_data(int64_t nbytes, c10::DeviceIndex index) {
+  c10::Device dev(kNeuron, index);
+  if (nbytes == 0) return c10::DataPtr(nullptr, dev);
+  return dry_ptr(account(index, nbytes), dev);
+}
+
 void set_oom_hint(const std::string& hint) { oom_hint() = hint; }
 
 void set_unavailable(const std::string& reason) {
@@ -413,6 +510,7 @@ std::map<std::string, int64_t> memory_stats(c10::DeviceIndex index) {
   put("active", c.allocation);
   put("segment", c.segment);
   out["num_ooms"] = c.num_ooms;
+  out["dry_ooms"] = c.dry_ooms;
   out["num_alloc_retries"] = c.num_alloc_retries;
   out["num_tensor_frees"] = c.num_tensor_frees;
   out["allocation_requests"] = c.allocation_requests;

@@ -1,5 +1,5 @@
 // Python bindings of the C++ core: module neuronlocal._C.
-#include "neuron.h"
+#include "dry.h"
 
 #include <torch/extension.h>
 
@@ -73,6 +73,20 @@ PYBIND11_MODULE(_C, m) {
     return static_cast<int>(neuron::set_host_core(static_cast<c10::DeviceIndex>(i)));
   }, "count this thread's host allocations against core i (-1: off); returns the previous");
   m.def("_cpu_alias", &neuron::cpu_alias, "zero-copy CPU view of a neuron tensor's bytes");
+  m.def("_set_dry_run", &neuron::set_dry_run, "data-less neuron tensors and meta kernels");
+  m.def("_dry_run", &neuron::dry_run);
+  m.def("_set_dry_read_hook", [](py::function hook) {
+    auto* fn = new py::object(std::move(hook));  // leaked: called until the process is gone
+    neuron::set_dry_read_hook([fn](const std::string& what) {
+      if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+      py::gil_scoped_acquire gil;
+      try {
+        (*fn)(what);
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("neuronlocal dry-run read hook");
+      }
+    });
+  }, "called with the op each time a dry run reads a value it does not have");
   m.def("_set_policy", &neuron::set_policy);
   m.def("_set_op_placement", &neuron::set_op_placement);
   m.def("_set_op_classes", &neuron::set_op_classes);

@@ -16,6 +16,7 @@ from neuronlocal import device as neuron
 from neuronlocal.distributed.backend import (
     BACKEND,
     NeuronCollectiveError,
+    install_dry_rendezvous,
     install_hooks,
     make_creator,
     make_group,
@@ -97,5 +98,9 @@ def register() -> None:
     if not dist.is_available() or BACKEND.upper() in dist.Backend._plugins:
         return
     install_hooks()
+    from neuronlocal.core import dryrun
+
+    if dryrun.enabled():
+        install_dry_rendezvous()
     dist.Backend.register_backend(BACKEND, make_creator(bind_rank), extended_api=True,
                                   devices=["neuron"])

@@ -162,6 +162,7 @@ def memory() -> list[dict[str, Any]]:
                       "current_bytes": s["allocated_bytes.all.current"],
                       "reserved_peak_bytes": s["reserved_bytes.all.peak"],
                       "hbm_bytes": s["hbm_bytes"], "num_ooms": s["num_ooms"],
+                      "dry_ooms": s.get("dry_ooms", 0),
                       "timeline": _downsample(timeline)})
     return cores
 
@@ -282,6 +283,16 @@ def not_estimated(graphs: list[dict[str, Any]], estimate: dict[str, Any]) -> lis
     return out + list(estimate.get("not_estimated") or [])
 
 
+def _dry_run() -> dict[str, Any] | None:
+    """A dry run's own records: values assumed, model state, collectives by group size."""
+    from neuronlocal.core import dryrun
+
+    if not dryrun.enabled():
+        return None
+    return {"reads": dryrun.reads(), "model_state": dryrun.model_state(),
+            "steps": dryrun.steps(), "collective_groups": core_counters.get_collective_groups()}
+
+
 def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report of this process so far, as plain data (one rank of a run)."""
     from neuronlocal.core import dynamo_metrics as compile_metrics
@@ -323,6 +334,7 @@ def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:
         "kernel_swaps": core_counters.get_kernel_swaps(),
         "memory": _safe("memory", memory, [], missing),
         "collectives": core_counters.get_collectives(),
+        "dry_run": _safe("dry run", _dry_run, None, missing),
         "counters": _safe("counters", counters, {}, missing),
         "estimate": estimate,
         "notes": _safe("notes", lambda: notes(world), [], missing),

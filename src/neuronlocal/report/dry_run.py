@@ -1,0 +1,228 @@
+"""`neuronlocal run --dry-run`: the user's unchanged script at its real size and world size.
+
+Each simulated rank runs in its own process, one after another, under the run report
+(report/runner.py), with the variables torchrun would set and NEURONLOCAL_DRY_RUN=1: its
+neuron tensors hold no bytes, its collectives complete without peers (core/dryrun.py,
+distributed/backend.py). Then this module reads the ranks' reports and adds the dry-run
+summary to report.json: peak HBM per rank against the core's HBM, the model-state part of
+it, collectives by group size with their link class, and every value the run assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from neuronlocal.core import hardware
+from neuronlocal.core.files import read_json, write_private
+from neuronlocal.core.units import fmt_bytes
+from neuronlocal.report import render, runner
+
+MASTER_PORT = "29500"
+
+
+class DryRunError(ValueError):
+    """Bad dry-run options: the one-line message."""
+
+
+def parse_ranks(spec: str | None, world: int) -> list[int]:
+    """`--ranks`: None (rank 0 and the last), `all`, or a comma list such as `0,7,63`."""
+    if spec is None:
+        return sorted({0, world - 1})
+    if spec == "all":
+        return list(range(world))
+    try:
+        ranks = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise DryRunError(f"--ranks {spec!r}: give `all` or ranks such as 0,{world - 1}") from None
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad or not ranks:
+        raise DryRunError(f"--ranks {spec!r}: ranks must be in 0..{world - 1} (world size "
+                          f"{world})")
+    return ranks
+
+
+def rank_env(rank: int, nproc: int, nnodes: int, run_id: str, steps: int,
+             instance: str | None, master: tuple[str | None, int | None] = (None, None)
+             ) -> dict[str, str]:
+    """The variables torchrun sets for `rank`, plus the dry-run switches."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(nproc * nnodes), "LOCAL_RANK": str(rank % nproc),
+           "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(rank // nproc),
+           "NODE_RANK": str(rank // nproc), "ROLE_RANK": str(rank),
+           "ROLE_WORLD_SIZE": str(nproc * nnodes), "MASTER_ADDR": master[0] or "127.0.0.1",
+           "MASTER_PORT": str(master[1] or MASTER_PORT), "TORCHELASTIC_RUN_ID": run_id,
+           "NEURONLOCAL_DRY_RUN": "1", "NEURONLOCAL_DRY_RUN_STEPS": str(steps)}
+    if instance:
+        env["NEURONLOCAL_INSTANCE"] = instance
+    return env
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def link_class(group_size: int, cores_per_chip: int, cores_per_node: int) -> str:
+    """Where a group's traffic goes, if its ranks are consecutive (torchrun's layout)."""
+    if group_size <= 1:
+        return "none"
+    if group_size <= cores_per_chip:
+        return "same chip"
+    if group_size <= cores_per_node:
+        return "NeuronLink"
+    return "EFA"
+
+
+def _rank_summary(rep: dict[str, Any]) -> dict[str, Any]:
+    dry = rep.get("dry_run") or {}
+    cores = rep.get("memory") or []
+    core = max(cores, key=lambda c: c["peak_bytes"]) if cores else None
+    peak = core["peak_bytes"] if core else 0
+    reserved = core["reserved_peak_bytes"] if core else 0
+    hbm = core["hbm_bytes"] if core else 0
+    state = dry.get("model_state") or {}
+    model = sum(state.values())
+    ooms = [r for r in dry.get("reads", []) if r["op"].startswith("out of memory")]
+    err = rep["run"].get("error")
+    return {
+        "rank": rep["rank"], "core": core["core"] if core else None,
+        "peak_hbm_bytes": peak, "peak_reserved_bytes": reserved, "hbm_bytes": hbm,
+        "fits": core is not None and not core.get("dry_ooms"),
+        "peak_at": ooms[0]["at"] if ooms else None,
+        "oom": ooms[0]["op"] if ooms else None,
+        "breakdown": {
+            "parameters": state.get("parameters", 0), "gradients": state.get("gradients", 0),
+            "optimizer": state.get("optimizer", 0),
+            "activations_and_temporaries": max(0, peak - model),
+        },
+        "steps": dry.get("steps", 0),
+        "exit_code": rep["run"].get("exit_code"),
+        "error": f"{err['type']}: {err['message']}" if err else None,
+        "assumed_values": [r for r in dry.get("reads", [])
+                           if not r["op"].startswith("out of memory")],
+    }
+
+
+def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
+              prof: hardware.Profile, nproc: int) -> dict[str, Any]:
+    """The `dry_run` section of report.json, from the simulated ranks' reports."""
+    per_rank = [_rank_summary(r) for r in ranks]
+    colls: dict[tuple[str, int], dict[str, Any]] = {}
+    first = ranks[0] if ranks else {}
+    for c in (first.get("dry_run") or {}).get("collective_groups", []):
+        key = (c["op"], c["group_size"])
+        colls[key] = {"op": c["op"], "group_size": c["group_size"], "bytes": c["bytes"],
+                      "calls": c["count"],
+                      "link": link_class(c["group_size"], prof.cores_per_chip, nproc)}
+    steps = max((r["steps"] for r in per_rank), default=0)
+    return {
+        "world_size": world, "instance": instance, "ranks": per_rank,
+        "collectives": sorted(colls.values(), key=lambda c: -c["bytes"]),
+        "collectives_of_rank": first.get("rank"),
+        "steps": steps,
+        "assumptions": [
+            "measured: peak HBM is the allocator's count of the bytes a real run allocates "
+            "(same size classes, segments and OOM rule), with no bytes behind them",
+            "measured: parameters, gradients and optimizer state are the bytes of the "
+            "optimizer's tensors on this rank at its step; activations_and_temporaries is the "
+            "peak minus them (derived; it includes collective buffers)",
+            "assumed: every rank holds this rank's data (uniform-rank collectives); a value "
+            "read from the device is zero (assumed_values lists each with its line)",
+            "assumed: a group's link class comes from its size with consecutive ranks "
+            f"({prof.cores_per_chip} logical cores per chip, {nproc} per node)",
+            f"collective bytes are rank {first.get('rank')}'s result tensors over "
+            f"{steps} step(s)",
+        ],
+        "missing": ["step time, tokens/s and cost (not priced in a dry run yet)",
+                    "compile bill (graphs are counted in the run report, not priced)"],
+    }
+
+
+def terminal(summary: dict[str, Any]) -> None:
+    print(f"\nneuronlocal dry run: world size {summary['world_size']} on "
+          f"{summary['instance']}, {len(summary['ranks'])} rank(s) simulated, "
+          f"{summary['steps']} step(s)")
+    for r in summary["ranks"]:
+        b = r["breakdown"]
+        if r["fits"]:
+            verdict = f"fits with {fmt_bytes(r['hbm_bytes'] - r['peak_reserved_bytes'])} to spare"
+        else:
+            verdict = (f"would run out of memory at {r['peak_at']}: needs "
+                       f"{fmt_bytes(r['peak_reserved_bytes'])} of {fmt_bytes(r['hbm_bytes'])}")
+        print(f"  rank {r['rank']:>4}  peak {fmt_bytes(r['peak_hbm_bytes'])} allocated, "
+              f"{fmt_bytes(r['peak_reserved_bytes'])} reserved of "
+              f"{fmt_bytes(r['hbm_bytes'])}: {verdict}")
+        print(f"            parameters {fmt_bytes(b['parameters'])}, gradients "
+              f"{fmt_bytes(b['gradients'])}, optimizer {fmt_bytes(b['optimizer'])}, "
+              f"activations+temporaries {fmt_bytes(b['activations_and_temporaries'])}")
+        if r["error"]:
+            print(f"            ended with {r['error']}")
+        for a in r["assumed_values"][:5]:
+            print(f"            value read from device memory: {a['op']} at {a['at']} "
+                  f"(x{a['count']})")
+    if summary["collectives"]:
+        print(f"  collectives (rank {summary['collectives_of_rank']}):")
+        for c in summary["collectives"]:
+            print(f"    {c['op']:<32} group {c['group_size']:>4}  {c['calls']:>6} calls  "
+                  f"{fmt_bytes(c['bytes']):>12}  {c['link']}")
+    for m in summary["missing"]:
+        print(f"  not in this report: {m}")
+
+
+def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int = 1,
+        nnodes: int = 1, ranks: str | None = None, steps: int = 2,
+        instance: str | None = None,
+        master: tuple[str | None, int | None] = (None, None)) -> int:
+    """Runs each simulated rank in turn, then writes and prints the dry-run summary."""
+    world = nproc * nnodes
+    env_instance = {"NEURONLOCAL_INSTANCE": instance} if instance else {}
+    try:
+        chosen = parse_ranks(ranks, world)
+        cfg, prof, error = hardware.load({**os.environ, **env_instance})
+        if error:
+            raise DryRunError(f"neuronlocal run --dry-run: {error}")
+        if nproc > prof.total_cores:
+            raise DryRunError(
+                f"neuronlocal run --dry-run: --nproc-per-node {nproc} but {prof.instance} "
+                f"(LNC={prof.lnc}) has {prof.total_cores} logical NeuronCores; pass "
+                "--instance trn2.48xlarge (64 at LNC=2) or fewer ranks per node")
+    except DryRunError as e:
+        print(e, file=sys.stderr)
+        return 2
+    out = Path(report_dir)
+    run_id = f"dry-{os.getpid()}-{time.time():.0f}"
+    codes = []
+    for rank in chosen:
+        print(f"neuronlocal dry run: rank {rank} of {world}", file=sys.stderr)
+        with _environment(rank_env(rank, nproc, nnodes, run_id, steps, instance, master)):
+            codes.append(runner.run(args, module=module, report_dir=out, quiet=True))
+        if codes[-1] == 2 and not (out / f"rank{rank}.json").exists():
+            return 2  # the script could not start (bad path): runner said why
+    reps = []
+    for rank in chosen:
+        with contextlib.suppress(OSError, ValueError):
+            rep = read_json(out / f"rank{rank}.json")
+            if rep["run"].get("run_id") == run_id:
+                reps.append(rep)
+    summary = summarize(reps, world, prof.instance, prof, nproc)
+    merged = render.merge(reps) if reps else {}
+    merged["dry_run"] = summary
+    write_private(out / "report.json", render.to_json(merged))
+    terminal(summary)
+    print(f"neuronlocal: dry-run report in {out}/report.json", file=sys.stderr)
+    failed = [c for c in codes if c]
+    return failed[0] if failed else 0

@@ -1,0 +1,334 @@
+"""Dry run: data-less neuron tensors, meta kernels, peerless collectives, and the CLI.
+
+A dry run must count exactly the HBM a real run counts (the fidelity tests compare the two
+on the same script), hold no memory proportional to the model, and say where it assumed a
+value."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+DRY = {"NEURONLOCAL_DRY_RUN": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run_code(code: str, env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+MEMORY_SCRIPT = """\
+    import json, resource, torch
+    import torch.nn as nn
+    dev = torch.device("neuron")
+    model = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64)).to(dev)
+    x = torch.randn(16, 64, device=dev, dtype=torch.float64)
+    loss = model(x.float()).pow(2).mean()
+    loss.backward()
+    s = torch.neuron.memory_stats(0)
+    print(json.dumps({"peak": s["allocated_bytes.all.peak"],
+                      "current": s["allocated_bytes.all.current"],
+                      "reserved": s["reserved_bytes.all.peak"],
+                      "shape": list(model(x.float()).shape)}))
+    """
+
+
+def _last_json(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_dry_run_counts_the_same_hbm_as_a_real_run():
+    real = _last_json(run_code(MEMORY_SCRIPT, {"OMP_NUM_THREADS": "1"}))
+    dry = _last_json(run_code(MEMORY_SCRIPT, DRY))
+    assert dry == real
+
+
+STEPS_SCRIPT = """\
+    import json, sys, torch
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+    from neuronlocal.core import dynamo_metrics
+    dev = torch.device("neuron")
+    torch.manual_seed(0)
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 256), nn.Linear(256, 64)
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+    m = nn.Sequential(M(), M()).to(dev)
+    if sys.argv[1] == "compile":
+        run = torch.compile(m)
+    else:  # activation checkpointing: recomputed in backward
+        def run(x):
+            return checkpoint(m[1], checkpoint(m[0], x, use_reentrant=False),
+                              use_reentrant=False)
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):
+        run(torch.randn(32, 64, device=dev)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    s = torch.neuron.memory_stats(0)
+    print(json.dumps({"peak": s["allocated_bytes.all.peak"],
+                      "reserved": s["reserved_bytes.all.peak"],
+                      "graphs": len(dynamo_metrics.get_dynamo_metrics()["graphs"])}))
+    """
+
+
+@pytest.mark.parametrize("mode", ["compile", "checkpoint"])
+def test_compiled_and_checkpointed_steps_count_the_same_hbm(tmp_path, mode):
+    code = STEPS_SCRIPT.replace("sys.argv[1]", repr(mode))
+    env = {"OMP_NUM_THREADS": "1", "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
+    real = _last_json(run_code(code, env))
+    dry = _last_json(run_code(code, {**env, **DRY,
+                                     "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff2")}))
+    assert dry == real
+    assert real["graphs"] == (1 if mode == "compile" else 0)
+
+
+def test_a_big_tensor_holds_no_host_memory():
+    proc = run_code("""\
+        import json, resource, torch
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        w = torch.empty(2**30, 3, device="neuron")            # 12 GiB on the device
+        y = (w * 2).sum(0)                                      # a 12 GiB temporary
+        x = torch.ones(4096, 4096, device="neuron") @ torch.ones(4096, 4096, device="neuron")
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        print(json.dumps({"allocated": torch.neuron.memory_allocated(0),
+                          "peak": torch.neuron.max_memory_allocated(0), "grown_kib": grown,
+                          "y": list(y.shape), "value": x.sum().item(),
+                          "distinct": w.data_ptr() != x.data_ptr()}))
+        """, DRY)
+    r = _last_json(proc)
+    assert r["allocated"] >= 12 * 2**30 and r["peak"] >= 24 * 2**30
+    assert r["grown_kib"] < 200 * 1024, r  # under 200 MiB for 24 GiB of tensors
+    assert r["y"] == [3] and r["value"] == 0.0 and r["distinct"]
+
+
+def test_values_read_are_zero_and_recorded_with_their_line():
+    proc = run_code("""\
+        import json, torch
+        from neuronlocal.core import dryrun
+        x = torch.randn(8, 4, device="neuron")
+        total = x.sum().item()
+        idx = torch.nonzero(x > 0)          # no meta kernel: runs on zeros
+        host = x.cpu()
+        print(json.dumps({"total": total, "idx": list(idx.shape), "host": host.abs().sum().item(),
+                          "device": str(idx.device), "reads": dryrun.reads()}))
+        """, DRY)
+    r = _last_json(proc)
+    assert r["total"] == 0.0 and r["idx"] == [0, 2] and r["host"] == 0.0
+    assert r["device"] == "neuron:0"
+    ops = {e["op"]: e["at"] for e in r["reads"]}
+    assert ops["aten::_local_scalar_dense (.item())"] == "<string>:4" or \
+        ops["aten::_local_scalar_dense (.item())"].endswith(":4")
+    assert any(op.startswith("aten::nonzero") for op in ops)
+    assert any(op.startswith("copy of a neuron tensor") for op in ops)
+
+
+def test_out_of_memory_is_reported_not_raised(tmp_path):
+    proc = run_code("""\
+        import json, torch
+        from neuronlocal.core import dryrun
+        a = torch.empty(3 * 2**28, device="neuron")   # 3 GiB
+        b = torch.empty(3 * 2**28, device="neuron")   # past the 4 GiB core
+        s = torch.neuron.memory_stats(0)
+        print(json.dumps({"dry_ooms": s["dry_ooms"], "reads": dryrun.reads()}))
+        """, {**DRY, "NEURONLOCAL_HBM_PER_CORE": "4GiB"})
+    r = _last_json(proc)
+    assert r["dry_ooms"] == 1
+    oom = [e for e in r["reads"] if e["op"].startswith("out of memory")]
+    assert oom and oom[0]["at"].endswith(":4"), r
+
+
+FIDELITY = Path(__file__).with_name("dist_jobs.py")
+
+
+def _dry_cli(tmp_path: Path, args: list[str], timeout: int = 300
+             ) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "dry"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
+    proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--dry-run",
+                           "--report", str(out), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=tmp_path)
+    return proc, out
+
+
+def test_cli_rejects_bad_ranks_and_dry_only_options(tmp_path):
+    (tmp_path / "s.py").write_text("print('hi')\n")
+    proc, _ = _dry_cli(tmp_path, ["--nproc-per-node", "2", "--ranks", "5", "s.py"])
+    assert proc.returncode == 2 and "ranks must be in 0..1" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--ranks", "0", "s.py"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "only apply with --dry-run" in proc.stderr
+    proc, _ = _dry_cli(tmp_path, ["--nproc-per-node", "64", "s.py"])
+    assert proc.returncode == 2 and "--instance trn2.48xlarge" in proc.stderr
+
+
+TRAIN = """\
+    import sys, torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    mode = sys.argv[1]
+    dist.init_process_group("neuron")
+    torch.manual_seed(0)
+    dev = torch.device("neuron")
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.GELU(),
+                          nn.Linear(256, 10)).to(dev)
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(3):
+        x = torch.randn(32, 256, device=dev)
+        y = torch.randint(0, 10, (32,), device=dev)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print("loss", loss.item())
+    dist.destroy_process_group()
+    """
+
+
+TP = """\
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    dist.init_process_group("neuron")
+    mesh = init_device_mesh("neuron", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 128)).to("neuron")
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        x = torch.randn(16, 128, device="neuron")
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    print("loss", loss.item())
+    dist.destroy_process_group()
+    """
+
+LLAMA = Path(__file__).parents[1] / "bench" / "dry_run_llama.py"
+SMALL_LLAMA = ["--layers", "2", "--hidden", "256", "--ffn", "512", "--heads", "4", "--kv", "2",
+               "--vocab", "1024", "--seq", "128", "--batch", "2", "--steps", "3"]
+# (script text or None for the Llama bench, its arguments, allowed relative peak difference)
+CASES = {"ddp": (TRAIN, ["ddp"], 0.0), "fsdp": (TRAIN, ["fsdp"], 0.0),
+         "llama_fsdp_bf16": (None, SMALL_LLAMA, 0.0), "tp": (TP, [], 0.01)}
+
+
+def _per_rank(rep: dict) -> dict[int, tuple]:
+    out = {}
+    for r in rep["ranks"]:
+        peak = max(c["peak_bytes"] for c in r["memory"])
+        colls = sorted((c["op"], c["count"], c["bytes"]) for c in r["collectives"])
+        out[r["rank"]] = (peak, colls)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_fidelity_real_torchrun_vs_dry_run(tmp_path, case):
+    """Two ranks for real under torchrun, and dry: the same peak HBM per rank (bytes; TP's
+    rank 1 within 1%) and the same collectives (op, calls, bytes)."""
+    text, args, tolerance = CASES[case]
+    path = LLAMA
+    if text is not None:
+        path = tmp_path / "train.py"
+        path.write_text(textwrap.dedent(text))
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
+    real_out = tmp_path / "real"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                           "2", "--standalone", "-m", "neuronlocal", "run", "--report",
+                           str(real_out), str(path), *args], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, dry_out = _dry_cli(tmp_path, ["--nproc-per-node", "2", "--steps", "0", str(path),
+                                        *args], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    real = _per_rank(json.loads((real_out / "report.json").read_text()))
+    dry_rep = json.loads((dry_out / "report.json").read_text())
+    dry = _per_rank(dry_rep)
+    assert sorted(dry) == sorted(real) == [0, 1]
+    for rank in (0, 1):
+        assert dry[rank][1] == real[rank][1]  # collectives: op, calls, bytes
+        assert abs(dry[rank][0] - real[rank][0]) <= tolerance * real[rank][0], (dry, real)
+    summary = dry_rep["dry_run"]
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert all(r["fits"] and r["breakdown"]["parameters"] > 0 for r in summary["ranks"])
+    assert "loss 0.0" in proc.stdout
+
+
+@pytest.mark.slow
+def test_llama_8b_on_64_ranks_dry_runs_in_bounded_host_memory(tmp_path):
+    """8.03B parameters, FSDP2 over 64 logical cores of a trn2.48xlarge, sequence 2048: the
+    rank's peak HBM is reported (it fits in 24 GiB) while the process stays under 1 GiB."""
+    proc, out = _dry_cli(tmp_path, ["--instance", "trn2.48xlarge", "--nproc-per-node", "64",
+                                    "--ranks", "0", "--steps", "2", str(LLAMA)], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("rank 0 step 0"))
+    assert "8.03B params" in line
+    rss_gib = float(line.split("host peak RSS ")[1].split(" GiB")[0])
+    assert rss_gib < 1.0, line
+    rank = json.loads((out / "report.json").read_text())["dry_run"]["ranks"][0]
+    assert rank["fits"] and 16 * 2**30 < rank["peak_hbm_bytes"] < 24 * 2**30, rank
+    assert rank["breakdown"]["parameters"] == rank["breakdown"]["gradients"]
+    assert rank["breakdown"]["optimizer"] == 2 * rank["breakdown"]["parameters"]
+
+
+def test_each_rank_sees_torchruns_variables_and_a_full_world(tmp_path):
+    (tmp_path / "w.py").write_text(textwrap.dedent("""\
+        import json, os, torch
+        import torch.distributed as dist
+        dist.init_process_group("neuron")
+        objs = [None] * dist.get_world_size()
+        dist.all_gather_object(objs, {"rank": dist.get_rank()})
+        x = torch.ones(1024, device="neuron")
+        dist.all_reduce(x)
+        sub = dist.new_group([0, 1, 2, 3])
+        print("SEEN " + json.dumps({k: os.environ[k] for k in (
+            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+            "MASTER_PORT")} | {"world": dist.get_world_size(), "objs": objs[-1],
+            "device": str(x.device)}))
+        dist.destroy_process_group()
+        """))
+    proc, out = _dry_cli(tmp_path, ["--standalone", "--nproc-per-node", "4", "--nnodes", "2",
+                                    "--ranks", "1,7", "--master-port", "29511", "w.py"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [json.loads(x[5:]) for x in proc.stdout.splitlines() if x.startswith("SEEN ")]
+    assert seen == [
+        {"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+         "GROUP_RANK": "0", "MASTER_PORT": "29511", "world": 8, "objs": {"rank": 1},
+         "device": "neuron:1"},
+        {"RANK": "7", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
+         "GROUP_RANK": "1", "MASTER_PORT": "29511", "world": 8, "objs": {"rank": 7},
+         "device": "neuron:3"}]
+    summary = json.loads((out / "report.json").read_text())["dry_run"]
+    assert summary["world_size"] == 8 and [r["rank"] for r in summary["ranks"]] == [1, 7]
+    colls = {(c["op"], c["group_size"]): c for c in summary["collectives"]}
+    assert colls[("all_reduce", 8)]["bytes"] == 4096
+    assert colls[("all_reduce", 8)]["link"] == "EFA"  # 8 ranks over two 4-core nodes

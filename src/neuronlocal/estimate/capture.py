@@ -4,7 +4,8 @@ Compiled graphs: `attach` (called once per compiled graph by the compile backend
 graph's estimate on its compile record and wraps the compiled callable so that, only while
 a capture is active, its calls and host seconds are counted. Eager work: a dispatch mode
 costs every op that touches a neuron tensor, and global optimizer step hooks cut the run
-into training steps (one per outermost optimizer step). Outside a capture nothing is installed, so nothing is slowed down.
+into training steps (one per outermost optimizer step). Outside a capture nothing is
+installed, so nothing is slowed down.
 """
 
 from __future__ import annotations

@@ -379,8 +379,21 @@ def batch(kind: str, step: int, dp_rank: int, rows: int, dev: torch.device
     return x.to(dev), torch.randn(x.shape, generator=g).to(dev)
 
 
+def divide_gradients_by(model: nn.Module, factor: float, device_type: str) -> None:
+    """FSDP2's gradient divide factor (torchtitan sets 1.0): on neuron, reduce-scatters with
+    ReduceOp.PREMUL_SUM as on NCCL; gloo has no PREMUL_SUM, so the CPU reference sums and
+    divides after (the same numbers for a factor of 1 or a power of 2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(factor)
+            if device_type == "cpu":
+                m.set_force_sum_reduction_for_comms(True)
+
+
 def train(out: Path, device_type: str, backend: str, modes: list[str], compiled: bool,
-          kind: str) -> None:
+          kind: str, divide: float | None = None) -> None:
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -398,6 +411,8 @@ def train(out: Path, device_type: str, backend: str, modes: list[str], compiled:
             model, dp_rank, dp_size = DDP(model, bucket_cap_mb=1), r, w
         else:
             dp_rank, dp_size = shard(model, kind, mode, device_type, w)
+            if divide is not None:
+                divide_gradients_by(model, divide, device_type)
         torch._dynamo.reset()
         step_fn = torch.compile(model, backend="neuron" if device_type == "neuron" else
                                 "inductor", dynamic=False) if compiled else model
@@ -444,6 +459,27 @@ def die(out: Path) -> None:
     (out / f"die_{r}.json").write_text(json.dumps({"error": msg,
                                                    "seconds": time.monotonic() - start}))
     dist.destroy_process_group()  # a survivor tears down and exits 0 (the test checks)
+
+
+def pg_timeout(out: Path) -> None:
+    """`_set_pg_timeout` to 2 s on a 60 s group; rank 1 stays away: rank 0's all_reduce
+    fails within the new timeout, naming it."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    dist.init_process_group(backend="neuron", timeout=timedelta(seconds=60))
+    _set_pg_timeout(timedelta(seconds=2))
+    if dist.get_rank() == 1:
+        time.sleep(12)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4, device="neuron"))
+        msg = "no error"
+    except Exception as e:  # noqa: BLE001  (the test inspects the message)
+        msg = f"{type(e).__name__}: {e}"
+    (out / "pg_timeout_0.json").write_text(json.dumps({"error": msg,
+                                                       "seconds": time.monotonic() - start}))
+    os._exit(0)
 
 
 def mismatch(out: Path) -> None:
@@ -570,13 +606,14 @@ def sft(out: Path, device_type: str, backend: str, compiled: bool) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("job", choices=["collectives", "contract", "train", "die", "mismatch",
-                                   "exit", "sft", "syncbn"])
+                                   "exit", "sft", "syncbn", "pg_timeout"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="neuron")
     p.add_argument("--backend", default="neuron")
     p.add_argument("--modes", default="ddp,fsdp,tp,tp_fsdp")
     p.add_argument("--compiled", action="store_true")
     p.add_argument("--model", choices=["net", "llama", "mlp"], default="net")
+    p.add_argument("--divide", type=float, default=None, help="FSDP2 gradient divide factor")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.job == "collectives":
@@ -584,7 +621,7 @@ def main() -> None:
     elif a.job == "contract":
         contract(a.out)
     elif a.job == "train":
-        train(a.out, a.device, a.backend, a.modes.split(","), a.compiled, a.model)
+        train(a.out, a.device, a.backend, a.modes.split(","), a.compiled, a.model, a.divide)
     elif a.job == "die":
         die(a.out)
     elif a.job == "exit":
@@ -593,6 +630,8 @@ def main() -> None:
         sft(a.out, a.device, a.backend, a.compiled)
     elif a.job == "syncbn":
         sync_batch_norm(a.out)
+    elif a.job == "pg_timeout":
+        pg_timeout(a.out)
     else:
         mismatch(a.out)
     sys.exit(0)

@@ -717,3 +717,38 @@ def test_a_view_keeps_the_traced_strides_of_its_size_one_dims():
         ref = block(x, gn)
         out = torch.compile(block, backend="neuron")(x.to("neuron"), copy.deepcopy(gn).to("neuron"))
     torch.testing.assert_close(out.cpu(), ref)
+
+
+def test_dispatch_modes_around_the_first_call_never_see_the_compile():
+    """A graph compiles at its first call as Dynamo compiles, with the ambient dispatch modes
+    off: a TorchDispatchMode around the call (SAC's caching mode, FlopCounterMode) sees the
+    same real ops on the first call as on the next, never AOTAutograd's fake tracing."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls):  # as SAC's modes: Dynamo compiles under it
+            return True
+
+        def __init__(self):
+            super().__init__()
+            self.fakes = 0
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+            self.fakes += any(isinstance(a, FakeTensor) for a in leaves)
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    fn = torch.compile(lambda x, w: (x @ w).relu().sum(), backend="neuron")
+    x = torch.randn(4, 8, device="neuron")
+    w = torch.randn(8, 8, device="neuron", requires_grad=True)
+    counts = []
+    for _ in range(2):
+        with Seen() as seen:
+            fn(x, w).backward()
+        counts.append(seen.ops)
+        assert seen.fakes == 0
+    assert counts[0] == counts[1]

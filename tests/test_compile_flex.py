@@ -107,3 +107,42 @@ def test_dense_flex_attention_matches_the_operator_and_masks_rows_safely():
     assert out[:, :, 0].eq(0).all() and lse[:, :, 0].eq(float("-inf")).all()
     (out.sum() + lse[:, :, 1:].sum()).backward()
     assert q.grad.isfinite().all()
+
+
+def test_selective_checkpointing_around_compiled_flex_attention_matches_cpu():
+    """Selective activation checkpointing (torchtitan's default) around a compiled
+    FlexAttention, eager outside: the graph compiles with SAC's caching dispatch mode off, as
+    Dynamo compiles, so the mode never sees AOTAutograd's trace of the attention backward;
+    forward and backward equal plain attention on CPU."""
+    import functools
+
+    from torch.nn.attention.flex_attention import flex_attention
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    flex = torch.compile(flex_attention, backend="neuron")
+
+    def block(x, w, attend):
+        h = (x @ w).view(1, 2, 16, 8)
+        return attend(h, h, h).relu()
+
+    def plain(q, k, v):
+        return (q @ k.transpose(-1, -2) / q.size(-1) ** 0.5).softmax(-1) @ v
+
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 16), torch.randn(16, 16, requires_grad=True)
+    wd = w.detach().to("neuron").requires_grad_()
+    out = checkpoint(block, x.to("neuron"), wd, flex, use_reentrant=False,
+                     context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+    out.square().sum().backward()
+    ref = block(x, w, plain)
+    ref.square().sum().backward()
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wd.grad.cpu(), w.grad, atol=1e-3, rtol=1e-3)

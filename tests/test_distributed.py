@@ -94,6 +94,81 @@ def test_single_rank_collectives_and_bad_input(single_rank):
         dist.all_to_all([torch.empty(2, device="neuron")], [torch.empty(3, device="neuron")])
 
 
+def test_every_reduce_op_nccl_has(single_rank):
+    """PREMUL_SUM (a float or a one-element tensor factor, on neuron or CPU) and AVG for
+    all_reduce, its coalesced form, reduce, reduce_scatter and reduce_scatter_tensor (and its
+    coalesced form); reduce_scatter leaves its input as it was."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    dev = "neuron"
+    for op, scale in [(dist._make_nccl_premul_sum(0.5), 0.5),
+                      (dist._make_nccl_premul_sum(torch.tensor(3.0, device=dev)), 3.0),
+                      (dist._make_nccl_premul_sum(torch.tensor([0.25])), 0.25),
+                      (dist.ReduceOp.AVG, 1.0), (dist.ReduceOp.MAX, 1.0)]:
+        want = torch.arange(4.) * scale
+        t = torch.arange(4., device=dev)
+        dist.all_reduce(t, op=op)
+        torch.testing.assert_close(t.cpu(), want)
+        t = torch.arange(4., device=dev)
+        dist.all_reduce(t, op=op, async_op=True).wait()
+        torch.testing.assert_close(t.cpu(), want)
+        ts = [torch.arange(4., device=dev), torch.arange(4., device=dev)]
+        dist.all_reduce_coalesced(ts, op=op)
+        for t in ts:
+            torch.testing.assert_close(t.cpu(), want)
+        t = torch.arange(4., device=dev)
+        dist.reduce(t, 0, op=op)
+        torch.testing.assert_close(t.cpu(), want)
+        src, out = torch.arange(4., device=dev), torch.empty(4, device=dev)
+        dist.reduce_scatter_tensor(out, src, op=op)
+        torch.testing.assert_close(out.cpu(), want)
+        torch.testing.assert_close(src.cpu(), torch.arange(4.))
+        out = torch.empty(4, device=dev)
+        dist.reduce_scatter(out, [src], op=op)
+        torch.testing.assert_close(out.cpu(), want)
+        outs = [torch.empty(4, device=dev) for _ in range(2)]
+        with _coalescing_manager(async_ops=True) as cm:
+            for o in outs:
+                dist.reduce_scatter_tensor(o, src, op=op)
+        cm.wait()
+        for o in outs:
+            torch.testing.assert_close(o.cpu(), want)
+
+
+def test_unsupported_reduce_ops_are_refused_naming_the_op(single_rank):
+    """An op the backend cannot run is a ValueError naming it and the dtype, raised before
+    any rank communicates, never a dead-peer message."""
+    with pytest.raises(ValueError, match=r"all_reduce with ReduceOp\.BAND needs an integer"):
+        dist.all_reduce(torch.ones(2, device="neuron"), op=dist.ReduceOp.BAND)
+    with pytest.raises(ValueError, match=r"reduce_scatter_tensor with ReduceOp\.PREMUL_SUM "
+                       r"needs a floating-point tensor.*torch\.int64"):
+        dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.long, device="neuron"),
+                                   torch.ones(2, dtype=torch.long, device="neuron"),
+                                   op=dist._make_nccl_premul_sum(2.0))
+    t = torch.tensor([6, 3], device="neuron")
+    dist.all_reduce(t, op=dist.ReduceOp.BXOR)  # gloo's bitwise ops on integers stay
+    assert t.tolist() == [6, 3]
+
+
+def test_fake_process_group_serves_neuron_tensors(fresh_python):
+    """PyTorch's `fake` group (torchtitan's `--comm.mode fake_backend` dry run) takes neuron
+    tensors: one process stands for rank 3 of 64, and a 2-D device mesh is made on it."""
+    r = fresh_python("""
+        import torch, torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        from torch.distributed.device_mesh import init_device_mesh
+        dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=64)
+        t = torch.ones(4, device="neuron")
+        dist.all_reduce(t)
+        out = torch.empty(64 * 4, device="neuron")
+        dist.all_gather_into_tensor(out, t)
+        dist.reduce_scatter_tensor(t, out)
+        mesh = init_device_mesh("neuron", (16, 4), mesh_dim_names=("dp", "tp"))
+        print("ok", mesh["tp"].size(), t.device.type)
+    """)
+    assert r.returncode == 0 and "ok 4 neuron" in r.stdout, r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("call", [
     lambda t: dist.all_reduce(t),
     lambda t: dist.broadcast(t, 0, async_op=True),
@@ -285,6 +360,14 @@ def test_compiled_tensor_parallel_mlp_matches_cpu_gloo_compiled(tmp_path):
     assert torch.load(tmp_path / "tp_neuron_0.pt")["graphs"] > 0  # it did compile
 
 
+def test_fsdp_gradient_divide_factor_reduces_with_premul_sum_as_on_nccl(tmp_path):
+    """torchtitan's FSDP2 setting (`set_gradient_divide_factor(1.0)`): every gradient
+    reduce-scatter is ReduceOp.PREMUL_SUM, which the neuron backend runs as NCCL does; FSDP
+    on 2 ranks gives CPU + gloo's gradients (there summed, then divided)."""
+    _train_both(tmp_path, 2, ("fsdp",), ("--divide", "1.0"))
+    _compare(tmp_path, ("fsdp",), 2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc,mode", [(2, "ddp"), (2, "fsdp"), (2, "tp"), (4, "ddp"),
                                         (4, "fsdp"), (4, "tp"), (4, "tp_fsdp")])
@@ -355,6 +438,16 @@ def test_dead_rank_fails_the_others_quickly(tmp_path):
         assert res["error"].startswith("NeuronCollectiveError"), res
         assert "peer rank may have died" in res["error"]
         assert res["seconds"] < 25  # within the 20 s process-group timeout
+
+
+def test_set_pg_timeout_reaches_the_neuron_group(tmp_path):
+    """torch.distributed's `_set_pg_timeout` (stock PyTorch: gloo and NCCL groups only) sets
+    the neuron group's timeout: a collective a peer never joins fails after the new 2 s, not
+    the group's 60 s, and the error names it."""
+    spawn(["pg_timeout", "--out", str(tmp_path)], 2)
+    res = json.loads((tmp_path / "pg_timeout_0.json").read_text())
+    assert res["error"].startswith("NeuronCollectiveError"), res
+    assert "timeout 0:00:02" in res["error"] and res["seconds"] < 10, res
 
 
 def test_mismatched_shapes_and_dtypes_are_clear_errors(tmp_path):

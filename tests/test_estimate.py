@@ -618,3 +618,35 @@ def test_kernel_op_is_costed_as_the_one_fused_kernel_it_stands_for():
     ((cost, n),) = c.tally.ops.items()
     assert n == 1 and cost.engine == "vector"
     assert cost.bytes == 2 * x.numel() * 4 + w.numel() * 4
+
+
+def test_an_optimizer_stepping_other_optimizers_is_one_step():
+    """torchtitan's OptimizersContainer is an Optimizer whose step runs the inner ones: each
+    outer step is one training step, not one per optimizer; an inner step that raised does
+    not hide the next steps."""
+
+    class Container(torch.optim.Optimizer):
+        def __init__(self, parts):
+            self.parts = parts
+            super().__init__([p for o in parts for g in o.param_groups for p in g["params"]],
+                             {})
+
+        def step(self, closure=None):
+            for o in self.parts:
+                o.step()
+
+    a, b = (torch.nn.Linear(8, 8).to("neuron") for _ in range(2))
+    inner = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b)]
+    opt = Container(inner)
+    x = torch.randn(4, 8, device="neuron")
+    with capture.capturing() as cap:
+        for _ in range(3):
+            (a(x) + b(x)).sum().backward()
+            opt.step()
+        original, inner[1].step = inner[1].step, None  # the next outer step raises inside
+        with pytest.raises(TypeError):
+            opt.step()
+        inner[1].step = original
+        opt.step()
+        inner[0].step()  # a bare inner optimizer's step is a step of its own
+    assert [s["step"] for s in cap.snapshot()["steps"]] == [0, 1, 2, 3, 4]

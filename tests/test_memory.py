@@ -419,3 +419,23 @@ def test_training_1000_steps_returns_to_baseline(opt_name):
 def test_config_is_the_profile_budget():
     assert neuronlocal.profile.hbm_per_core == HBM
     assert all(stats(i)["hbm_bytes"] == HBM for i in range(4))
+
+
+def test_report_peak_is_the_runs_high_water_mark_whatever_the_program_resets():
+    """torchtitan resets the peak counters every step: the run report still shows the run's
+    peak per core, while torch.neuron's own peak restarts as the program asked."""
+    from neuronlocal.report import collect
+
+    c = collect.Collector().start()
+    try:
+        big = torch.empty(32 * 2**20, dtype=torch.uint8, device="neuron")
+        del big
+        torch.neuron.reset_peak_memory_stats()
+        small = torch.empty(2**20, dtype=torch.uint8, device="neuron")
+        assert torch.neuron.max_memory_allocated() < 32 * 2**20
+        torch.neuron.reset_max_memory_allocated()
+        (core,) = [m for m in collect.memory() if m["core"] == torch.neuron.current_device()]
+        assert core["peak_bytes"] >= 32 * 2**20 and core["reserved_peak_bytes"] >= 32 * 2**20
+        del small
+    finally:
+        c.stop()

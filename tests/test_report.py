@@ -885,3 +885,30 @@ def test_generate_recompiles_are_named_and_the_advice_holds(tmp_path):
     r2 = json.loads((out / "report.json").read_text())["ranks"][0]
     assert len(r2["graphs"]) == advice["graphs_predicted"]
     assert r2["recompile_advice"] == [] and r2["bucket_suggestions"] == []
+
+
+def test_recompile_cause_comes_from_the_failed_guard_when_no_shape_changed():
+    """A second Dynamo compile of a frame with the same shapes (torchtitan: an input became an
+    AsyncCollectiveTensor) is explained by its failed guard, never by automatic dynamic
+    shapes; a graph the backend specialised per shape still is."""
+
+    class Metric:
+        co_name, co_filename, co_firstlineno = "step", "train.py", 1
+        recompile_reason = ("0/1: tensor 'L['x']' dispatch key set mismatch. expected "
+                            "DispatchKeySet(PrivateUse1), actual DispatchKeySet(Python)")
+
+    def g(i, shapes, cid, kind="static"):
+        return {"graph_id": i, "graph_name": f"graph_{i}", "input_shapes": shapes,
+                "input_dtypes": ["torch.float32"], "kind": kind, "cache": "miss",
+                "compile_seconds": 0.1, "extra": {"compile_id": cid}}
+
+    res = analysis.recompiles([g(0, [(2, 8)], "0/0"), g(1, [(2, 8)], "0/1")], [],
+                              {"0/1": Metric()})
+    (entry,) = res["recompiles"]
+    assert "automatic dynamic" not in entry["reason"], entry
+    assert "an input's type changed" in entry["reason"]
+    assert "dispatch key set mismatch" in entry["reason"]
+    spec = analysis.recompiles([g(0, [(2, 8)], "0/0", "specialized"),
+                                g(1, [(2, 16)], "0/0", "specialized"),
+                                g(2, [(2, 8)], "0/0", "specialized")], [], {})
+    assert "automatic dynamic" in spec["recompiles"][1]["reason"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.utils._python_dispatch import _disable_current_modes
 
 from neuronlocal.compile.static import (
     NEFFCompilationError,
@@ -91,20 +92,25 @@ class _Specializer:
                        "guide does) and pad inputs to a few sizes "
                        "(neuronlocal.compile.bucketing.pad_to_bucket) to bound compiles.")
 
+    def _compile(self, args: tuple[Any, ...]) -> Callable[..., Any]:
+        kind = "specialized" if self.positions else "static"
+        if env_compiler() == "eager" and on_neuron(self.gm, args):
+            return compile_eager(self.gm, args, self.options, kind, self.extra)
+        if has_subclass(args):
+            return compile_desugared(self.gm, args, self.options, kind, self.extra)
+        return compile_static(self.gm, list(args), self.options, kind=kind, extra=self.extra)
+
     def __call__(self, *args: Any) -> Any:
         key = tuple((tuple(a.shape), tuple(a.stride())) if isinstance(a, torch.Tensor) else a
                     for a in (args[i] for i in self.positions))
         fn = self.compiled.get(key)
         if fn is None:
-            kind = "specialized" if self.positions else "static"
             before = metrics.next_graph_id()
-            if env_compiler() == "eager" and on_neuron(self.gm, args):
-                fn = compile_eager(self.gm, args, self.options, kind, self.extra)
-            elif has_subclass(args):
-                fn = compile_desugared(self.gm, args, self.options, kind, self.extra)
-            else:
-                fn = compile_static(self.gm, list(args), self.options, kind=kind,
-                                    extra=self.extra)
+            # As Dynamo compiles: with the ambient dispatch modes off (selective activation
+            # checkpointing's caching mode, FlopCounterMode, ...), which must see the
+            # compiled call, never AOTAutograd's or Inductor's tracing of it.
+            with _disable_current_modes():
+                fn = self._compile(args)
             self.compiled[key] = fn
             self.names[key] = (metrics.last_graph_name() if metrics.next_graph_id() > before
                                else "eager_fallback")

@@ -12,13 +12,17 @@
 // On top of gloo it keeps the backend's contract: errors naming the collective, rank and
 // timeout; all_to_all with even splits only (as TorchNeuron); all_gather_into_tensor and
 // reduce_scatter_tensor on flat buffers (element counts only, as NCCL); an optional
-// cross-rank check of shapes and dtypes; one report record per collective.
+// cross-rank check of shapes and dtypes; one report record per collective; every reduce op
+// NCCL has, PREMUL_SUM included (reduce_op.cpp; reduce, as gloo's, may leave partial sums in
+// non-root ranks' tensors).
 //
 // In a dry run (no inner gloo) the group stands for all its ranks from this one process:
 // every collective completes at once, recorded as in a real run, with uniform-rank
 // semantics (every rank holds this rank's data). Neuron tensors hold no bytes, so only CPU
 // tensors (object collectives) get data: gathers copy this rank's input to every slot.
 #include "dry.h"
+#include "neuron.h"
+#include "reduce_op.h"
 
 #include <ATen/ThreadLocalPythonObjects.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -349,6 +353,20 @@ std::string describe(const int64_t* row) {
   return os.str();
 }
 
+// A timeout as Python's str(timedelta) writes it (H:MM:SS[.ffffff]), as the group was made with.
+std::string hms(std::chrono::milliseconds t) {
+  auto ms = t.count();
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(ms / 3600000),
+                static_cast<long long>(ms / 60000 % 60), static_cast<long long>(ms / 1000 % 60));
+  std::string out = buf;
+  if (ms % 1000) {
+    std::snprintf(buf, sizeof(buf), ".%06lld", static_cast<long long>(ms % 1000 * 1000));
+    out += buf;
+  }
+  return out;
+}
+
 class NeuronBackend : public c10d::Backend {
  public:
   NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size, int record_rank,
@@ -360,8 +378,11 @@ class NeuronBackend : public c10d::Backend {
   }
 
   const std::string getBackendName() const override { return "neuron"; }
+  // torch.distributed's _set_pg_timeout (through Backend.set_timeout): gloo's timeout, and
+  // the one this backend's errors name.
   void setTimeout(std::chrono::milliseconds timeout) override {
     if (gloo_) gloo_->setTimeout(timeout);
+    where_ = std::make_shared<const Where>(Where{where_->rank, where_->size, hms(timeout)});
   }
   void setGroupUid(const std::string& uid) override {
     Backend::setGroupUid(uid);
@@ -392,20 +413,28 @@ class NeuronBackend : public c10d::Backend {
   }
 
   WorkPtr allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
+    auto plan = plan_reduce(o.reduceOp, ts, "all_reduce");
     check("all_reduce", ts);
     return issue("all_reduce", OpType::ALLREDUCE, ts, [&] {
       auto a = hosts(ts);
-      return std::vector<WorkPtr>{gloo_->allreduce(a, o)};
+      for (const auto& t : a) premultiply_(t, plan);
+      auto g = o;
+      g.reduceOp = plan.op;
+      return std::vector<WorkPtr>{gloo_->allreduce(a, g)};
     });
   }
   WorkPtr allreduce_coalesced(std::vector<at::Tensor>& ts,
                               const c10d::AllreduceCoalescedOptions& o) override {
+    auto plan = plan_reduce(o.reduceOp, ts, "all_reduce_coalesced");
     check("all_reduce_coalesced", ts);
     return issue("all_reduce_coalesced", OpType::ALLREDUCE_COALESCED, ts, [&] {
+      c10d::AllreduceOptions g = o;
+      g.reduceOp = plan.op;
       std::vector<WorkPtr> works;
       for (const auto& t : ts) {
         std::vector<at::Tensor> one = {host(t)};
-        works.push_back(gloo_->allreduce(one, o));
+        premultiply_(one[0], plan);
+        works.push_back(gloo_->allreduce(one, g));
       }
       return works;
     });
@@ -460,36 +489,47 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr reduce_scatter(std::vector<at::Tensor>& outs,
                          std::vector<std::vector<at::Tensor>>& ins,
                          const c10d::ReduceScatterOptions& o) override {
+    auto plan = plan_reduce(o.reduceOp, outs, "reduce_scatter");
     check("reduce_scatter", outs);
     return issue("reduce_scatter", OpType::REDUCE_SCATTER, outs, [&] {
       auto ao = hosts(outs);
       auto ai = hosts(ins);
-      return std::vector<WorkPtr>{gloo_->reduce_scatter(ao, ai, o)};
+      for (auto& l : ai) for (auto& t : l) t = premultiplied(t, plan);
+      auto g = o;
+      g.reduceOp = plan.op;
+      return std::vector<WorkPtr>{gloo_->reduce_scatter(ao, ai, g)};
     });
   }
   WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
                                const c10d::ReduceScatterOptions& o) override {
+    auto plan = plan_reduce(o.reduceOp, {in}, "reduce_scatter_tensor");
     check("reduce_scatter_tensor", {in});
     return issue("reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, {out}, [&] {
-      auto ai = stacked(in, out, size_, "reduce_scatter_tensor", false);
+      auto ai = premultiplied(stacked(in, out, size_, "reduce_scatter_tensor", false), plan);
       auto ao = host(out);
-      return std::vector<WorkPtr>{gloo_->_reduce_scatter_base(ao, ai, o)};
+      auto g = o;
+      g.reduceOp = plan.op;
+      return std::vector<WorkPtr>{gloo_->_reduce_scatter_base(ao, ai, g)};
     });
   }
   WorkPtr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outs,
                                           std::vector<at::Tensor>& ins,
                                           const c10d::ReduceScatterOptions& o) override {
+    auto plan = plan_reduce(o.reduceOp, ins, "reduce_scatter_tensor_coalesced");
     check("reduce_scatter_tensor_coalesced", ins);
     return issue("reduce_scatter_tensor_coalesced", OpType::REDUCE_SCATTER_TENSOR_COALESCED, outs,
                  [&] {
+      auto g = o;
+      g.reduceOp = plan.op;
       TORCH_CHECK_VALUE(outs.size() == ins.size(), "neuron backend: reduce_scatter_tensor "
                         "coalesced needs one output per input, got ", outs.size(), " and ",
                         ins.size(), ".");
       std::vector<WorkPtr> works;
       for (size_t i = 0; i < outs.size(); ++i) {
-        auto ai = stacked(ins[i], outs[i], size_, "reduce_scatter_tensor", false);
+        auto ai = premultiplied(stacked(ins[i], outs[i], size_, "reduce_scatter_tensor", false),
+                                plan);
         auto ao = host(outs[i]);
-        works.push_back(gloo_->_reduce_scatter_base(ao, ai, o));
+        works.push_back(gloo_->_reduce_scatter_base(ao, ai, g));
       }
       return works;
     });
@@ -502,10 +542,14 @@ class NeuronBackend : public c10d::Backend {
     });
   }
   WorkPtr reduce(std::vector<at::Tensor>& ts, const c10d::ReduceOptions& o) override {
+    auto plan = plan_reduce(o.reduceOp, ts, "reduce");
     check("reduce", ts, o.rootRank);
     return issue("reduce", OpType::REDUCE, ts, [&] {
       auto a = hosts(ts);
-      return std::vector<WorkPtr>{gloo_->reduce(a, o)};
+      for (const auto& t : a) premultiply_(t, plan);
+      auto g = o;
+      g.reduceOp = plan.op;
+      return std::vector<WorkPtr>{gloo_->reduce(a, g)};
     });
   }
   WorkPtr gather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,

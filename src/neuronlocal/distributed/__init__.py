@@ -1,4 +1,4 @@
-"""Distributed: the `neuron` c10d backend.
+"""Distributed: the `neuron` c10d backend, and PyTorch's `fake` group for neuron tensors.
 
 `register()` is called once from `neuronlocal/__init__.py`. It registers backend `neuron`
 for device type `neuron`, so both `init_process_group(backend="neuron")` and a bare
@@ -8,11 +8,17 @@ get it. Under torchrun the first group binds the rank to its logical core (`bind
 
 from __future__ import annotations
 
+import functools
 import os
+from datetime import timedelta
+from types import ModuleType
 
+import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from neuronlocal import device as neuron
+from neuronlocal import patching
 from neuronlocal.distributed.backend import (
     BACKEND,
     NeuronCollectiveError,
@@ -92,6 +98,32 @@ def _one_core_per_rank() -> None:
             "rank then takes the core of its LOCAL_RANK).")
 
 
+def _fake_serves_neuron(_module: ModuleType) -> None:
+    """PyTorch's `fake` process group (a group that communicates nothing, for dry runs such as
+    torchtitan's `fake_backend` mode) is registered for cpu/cuda/hpu/xpu when its module is
+    imported; neuron tensors are served by it too, as hpu's are."""
+    devices = dist.Backend.backend_capability.setdefault(dist.Backend.FAKE, [])
+    if "neuron" not in devices:
+        devices.append("neuron")
+
+
+def _pg_timeout_reaches_neuron(c10d: ModuleType) -> None:
+    """`_set_pg_timeout` sets the timeout of gloo and NCCL groups only; a neuron group's is set
+    the same way (its backend's `set_timeout`, which also names it in its errors)."""
+    stock = c10d._set_pg_timeout
+
+    @functools.wraps(stock)
+    def _set_pg_timeout(timeout: timedelta, group: ProcessGroup | None = None) -> None:
+        pg = group if group is not None else c10d._get_default_group()
+        if (isinstance(pg, ProcessGroup) and not c10d._rank_not_in_group(pg)
+                and pg.name() == BACKEND):
+            pg._get_backend(torch.device("neuron")).set_timeout(timeout)
+            return
+        stock(timeout, group)
+
+    setattr(c10d, "_set_pg_timeout", _set_pg_timeout)  # noqa: B010  (a module attribute)
+
+
 def register() -> None:
     """Registers backend `neuron` for device `neuron` (functional collectives included: c10d
     dispatches them to the group's backend by device)."""
@@ -104,3 +136,5 @@ def register() -> None:
         install_dry_rendezvous()
     dist.Backend.register_backend(BACKEND, make_creator(bind_rank), extended_api=True,
                                   devices=["neuron"])
+    patching.after_import("torch.testing._internal.distributed.fake_pg", _fake_serves_neuron)
+    patching.after_import("torch.distributed.distributed_c10d", _pg_timeout_reaches_neuron)

@@ -3,8 +3,9 @@
 Compiled graphs: `attach` (called once per compiled graph by the compile backend) stores the
 graph's estimate on its compile record and wraps the compiled callable so that, only while
 a capture is active, its calls and host seconds are counted. Eager work: a dispatch mode
-costs every op that touches a neuron tensor, and a global optimizer step hook cuts the run
-into training steps. Outside a capture nothing is installed, so nothing is slowed down.
+costs every op that touches a neuron tensor, and global optimizer step hooks cut the run
+into training steps (one per outermost optimizer step). Outside a capture nothing is
+installed, so nothing is slowed down.
 """
 
 from __future__ import annotations
@@ -92,16 +93,23 @@ class Capture:
         self._step_calls: dict[int, int] = {}
         self._mark = time.perf_counter()
         self._compile_mark = 0.0  # compile seconds recorded when the step began
-        self._hook: Any = None
+        self._hooks: list[Any] = []
+        # Optimizers stepping now, outermost first: a step of an optimizer that steps others
+        # (torchtitan's OptimizersContainer) is one training step, not one per optimizer.
+        self._stepping: list[int] = []
         self.errors: list[str] = []  # what could not be estimated, and why
 
     def start(self) -> Capture:
         global _active
 
         self.counter.__enter__()
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
-        self._hook = register_optimizer_step_post_hook(self._on_step)
+        self._hooks = [register_optimizer_step_pre_hook(self._on_step_start),
+                       register_optimizer_step_post_hook(self._on_step)]
         self._mark = time.perf_counter()
         self._compile_mark = _compile_seconds()
         _active = self
@@ -112,8 +120,8 @@ class Capture:
         if _active is self:
             _active = None
             self.counter.__exit__(None, None, None)
-            if self._hook is not None:
-                self._hook.remove()
+            for hook in self._hooks:
+                hook.remove()
 
     def graph_called(self, gid: int, host_s: float) -> None:
         entry = self.calls.setdefault(gid, [0, 0.0])
@@ -128,7 +136,18 @@ class Capture:
             self.errors.append(why)
         log.debug("not estimated: %s", why)
 
+    def _on_step_start(self, opt: Any, *_: Any) -> None:
+        # An optimizer already on the stack is not stepping itself again: its earlier step
+        # raised (no post hook ran), so what it left there is dropped.
+        if id(opt) in self._stepping:
+            del self._stepping[self._stepping.index(id(opt)):]
+        self._stepping.append(id(opt))
+
     def _on_step(self, opt: Any, *_: Any) -> None:
+        if id(opt) in self._stepping:
+            del self._stepping[self._stepping.index(id(opt)):]
+        if self._stepping:
+            return  # an inner optimizer of a step still running
         try:  # an optimizer hook: a failure here would end the user's step
             self._step(opt)
         except Exception as e:  # noqa: BLE001 - the observer never changes the outcome

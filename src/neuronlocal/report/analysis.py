@@ -190,10 +190,16 @@ def _explain(earlier: list[_Graph], x: _Graph, guard: str | None, function: str,
     changed = _changes(prev.ins, x.ins)
     same_as = next((e.g["graph_name"] for e in same_role
                     if e.g["input_shapes"] == x.g["input_shapes"]), None)
+    # The backend compiling one symbolic graph per shape: automatic dynamic shapes (or
+    # mark_dynamic) at work. A new Dynamo compile with the same shapes had another cause,
+    # which its failed guard names.
+    symbolic = x.g["kind"] == "specialized" or any(
+        _compile_id(e.g)[0] == _compile_id(x.g)[0] and _compile_id(e.g)[2] is not None
+        and _compile_id(e.g)[2] == _compile_id(x.g)[2] for e in earlier)
     if not same_role:
         cause = (f"first {x.role} graph of this function (after a {earlier[-1].role} graph): "
                  "its inputs differ, one graph per role is expected")
-    elif same_as:
+    elif same_as and (symbolic or guard is None):
         cause = (f"{x.role} graph compiled again with the shapes of {same_as}: Dynamo's "
                  "automatic dynamic shapes made a symbolic graph, which neuron compiles per "
                  "shape (set torch._dynamo.config.automatic_dynamic_shapes = False)")
@@ -201,6 +207,8 @@ def _explain(earlier: list[_Graph], x: _Graph, guard: str | None, function: str,
         cause = f"{x.role} graph recompiled: " + _cause(changed, prev, x, buckets, cache)
     elif prev.g["input_dtypes"] != x.g["input_dtypes"]:
         cause = f"{x.role} graph recompiled: input dtypes changed"
+    elif guard:
+        cause = f"{x.role} graph recompiled with the same shapes: {_guard_cause(guard)}"
     else:
         cause = (f"{x.role} graph recompiled with the same shapes and dtypes: grad mode, graph "
                  "code or guards changed")
@@ -210,6 +218,24 @@ def _explain(earlier: list[_Graph], x: _Graph, guard: str | None, function: str,
             "compile_seconds": x.g["compile_seconds"], "shapes": x.g["input_shapes"],
             "changed": changed, "dynamo_guard": guard, "guard": raw, "reason": cause,
             "compared_with": prev.g["graph_name"]}
+
+
+def _guard_cause(guard: str) -> str:
+    """What Dynamo's failed guard means, for a recompile no shape or dtype explains."""
+    line = guard_line(guard) or guard
+    low = line.lower()
+    if "dispatch key set" in low or "type" in low or "subclass" in low:
+        what = ("an input's type changed (a tensor subclass such as AsyncCollectiveTensor or "
+                "DTensor where a plain tensor was, or the reverse)")
+    elif "grad_mode" in low or "global_state" in low or "global state" in low:
+        what = "grad mode or another global setting changed"
+    elif "requires_grad" in low:
+        what = "an input's requires_grad changed"
+    elif "___check_obj_id" in low or "id(" in low:
+        what = "an object Dynamo guards by identity was replaced"
+    else:
+        what = "a guard of Dynamo failed"
+    return f"{what}; Dynamo's guard: {line}"
 
 
 def _cause(changed: list[dict[str, Any]], prev: _Graph, x: _Graph,

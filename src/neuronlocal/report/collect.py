@@ -26,6 +26,7 @@ import torch
 from neuronlocal.core import counters as core_counters
 from neuronlocal.core import state as core_state
 from neuronlocal.estimate import capture as estimate_capture
+from neuronlocal.memory import high_water_marks, reset_high_water_marks
 from neuronlocal.report import analysis
 
 SCHEMA = 1
@@ -90,7 +91,7 @@ class Collector:
             compile_metrics.reset_dynamo_metrics()
             core_counters.reset()
             for i in range(_C._device_count()):
-                _C._reset_peak(i)
+                reset_high_water_marks(i)
         _C._set_timeline(True)
         self._break_logger.addHandler(self._handler)
         if self._break_logger.getEffectiveLevel() > logging.DEBUG:
@@ -158,9 +159,11 @@ def memory() -> list[dict[str, Any]]:
         timeline = list(_C._memory_timeline(i))
         if not s["allocation_requests"] and not timeline and not s["num_ooms"]:
             continue
-        cores.append({"core": i, "peak_bytes": s["allocated_bytes.all.peak"],
+        # The run's high-water marks: the program may have reset the peak counters.
+        peak, reserved_peak = high_water_marks(i)
+        cores.append({"core": i, "peak_bytes": peak,
                       "current_bytes": s["allocated_bytes.all.current"],
-                      "reserved_peak_bytes": s["reserved_bytes.all.peak"],
+                      "reserved_peak_bytes": reserved_peak,
                       "hbm_bytes": s["hbm_bytes"], "num_ooms": s["num_ooms"],
                       "dry_ooms": s.get("dry_ooms", 0),
                       "timeline": _downsample(timeline)})

@@ -1,0 +1,86 @@
+"""torchtitan's training entry point for tests/test_torchtitan.py (torchrun runs it).
+
+`python torchtitan_job.py --make-assets DIR` writes what torchtitan's debug configs read
+from `./tests/assets` of a torchtitan checkout (the wheel does not ship them): a small text
+data set (`c4_test`) and a byte-level BPE tokenizer. Any other arguments go to torchtitan.
+
+Workarounds of torch-version gaps, here only (torchtitan 0.3.0 on torch 2.13):
+- its MoE expert-parallel Triton kernels are imported at import time; torch here has no
+  triton, and they run only for CUDA expert parallelism, so that module is a stub;
+- it calls `torch.distributed.set_timeout`, torch 2.13's `_set_pg_timeout` under its later
+  name.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+
+def _no_triton_kernels() -> None:
+    name = "torchtitan.distributed.minimal_async_ep.kernels"
+    mod = types.ModuleType(name)
+
+    def missing(attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def unavailable(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"{name}.{attr} needs triton (CUDA expert parallelism)")
+        return unavailable
+
+    mod.__getattr__ = missing  # type: ignore[method-assign]
+    sys.modules[name] = mod
+
+
+def _set_timeout() -> None:
+    import torch.distributed as dist
+
+    if not hasattr(dist, "set_timeout"):
+        dist.set_timeout = lambda timeout, group=None: (  # type: ignore[attr-defined]
+            dist.distributed_c10d._set_pg_timeout(timeout, group))
+
+
+def make_assets(root: Path) -> None:
+    """`root/tests/assets/{c4_test/data.json, tokenizer/}`, deterministic."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    assets = root / "tests" / "assets"
+    (assets / "c4_test").mkdir(parents=True, exist_ok=True)
+    (assets / "tokenizer").mkdir(parents=True, exist_ok=True)
+    docs = sorted(d for v in vars(torch.Tensor).values() if (d := getattr(v, "__doc__", None)))
+    rng = random.Random(0)
+    texts = [" ".join(rng.sample(docs, 3)) for _ in range(2000)]
+    with open(assets / "c4_test" / "data.json", "w") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=1024, special_tokens=[bos, eos],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(assets / "tokenizer" / "tokenizer.json"))
+    (assets / "tokenizer" / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": bos, "eos_token": eos, "add_bos_token": True, "add_eos_token": False}))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--make-assets"]:
+        make_assets(Path(sys.argv[2]))
+        return
+    _no_triton_kernels()
+    _set_timeout()
+    from torchtitan.train import main as train
+
+    train()
+
+
+if __name__ == "__main__":
+    main()

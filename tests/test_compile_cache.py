@@ -557,3 +557,64 @@ def test_graph_key_names_the_device_type_not_the_core():
     key = cache_mod.graph_key(code.format(0, 0), [], {})
     assert key == cache_mod.graph_key(code.format(3, 5), [], {})
     assert key != cache_mod.graph_key(code.format(0, 0).replace("neuron", "cpu"), [], {})
+
+
+# ---- the key names the whole graph, higher-order ops' bodies included ---------------------
+
+def _cond(body):
+    return lambda v: torch.cond(v.sum() > 0, body, lambda u: u.cos(), (v,))
+
+
+def _flex(score):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return lambda v: flex_attention(v, v, v, score_mod=score)
+
+
+_HOPS = {
+    "cond": (_cond(lambda u: u.sin()), _cond(lambda u: u.exp()), (4,)),
+    "flex": (_flex(lambda s, b, h, q, k: s + 1.0), _flex(lambda s, b, h, q, k: s * (q - k)),
+             (1, 1, 8, 4)),
+}
+
+
+@pytest.mark.parametrize("hop", sorted(_HOPS))
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_graphs_differing_only_inside_a_higher_order_op_get_their_own_keys(
+        isolated_compile, monkeypatch, compiler, hop):
+    """torch.cond branches and FlexAttention's score_mod are graphs of their own, called by
+    name from the top-level code: two graphs that differ only there must not share a key
+    (Inductor would run the first one's code; the default compiler would call it a hit)."""
+    from neuronlocal.core import dynamo_metrics as metrics
+
+    monkeypatch.setenv("NEURONLOCAL_COMPILER", compiler)
+    first, second, shape = _HOPS[hop]
+    x = torch.arange(float(torch.Size(shape).numel())).reshape(shape) / 10
+    outs = [torch.compile(f, backend="neuron")(x.to("neuron")).cpu() for f in (first, second)]
+    for f, out in zip((first, second), outs, strict=True):
+        torch.testing.assert_close(out, f(x))
+    graphs = metrics.get_dynamo_metrics()["graphs"]
+    assert len({g["cache_key"] for g in graphs}) == 2
+    assert [g["cache"] for g in graphs] == ["miss", "miss"]
+
+
+def test_graph_text_covers_checkpoint_bodies_and_constants():
+    """Activation-checkpoint bodies, tensor constants (layout and small values) and the
+    Python functions a graph calls all change the text the key hashes."""
+    from torch import fx
+    from torch.utils.checkpoint import checkpoint
+
+    def traced(body):
+        gm = torch._dynamo.export(lambda v: checkpoint(body, v, use_reentrant=False))(
+            torch.ones(3)).graph_module
+        return cache_mod.graph_text(gm)
+
+    assert traced(lambda u: u.sin()) != traced(lambda u: u.tanh())
+    texts = set()
+    for value in (torch.zeros(2), torch.ones(2), torch.zeros(3)):
+        g = fx.Graph()
+        g.output(g.get_attr("c"))
+        root = torch.nn.Module()
+        root.c = value
+        texts.add(cache_mod.graph_text(fx.GraphModule(root, g)))
+    assert len(texts) == 3

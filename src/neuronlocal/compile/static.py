@@ -29,7 +29,13 @@ from torch import fx
 from neuronlocal import _C
 from neuronlocal.compile.aot import autocopied, compile_parts
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
-from neuronlocal.compile.cache import NeffCache, add_compiled_cache_key, graph_key, inductor_dirs
+from neuronlocal.compile.cache import (
+    NeffCache,
+    add_compiled_cache_key,
+    graph_key,
+    graph_text,
+    inductor_dirs,
+)
 from neuronlocal.compile.flex import decompose as decompose_flex
 from neuronlocal.compile.lowering import lowering_fixes, optlevel_patches, stock_compile_fx
 from neuronlocal.core import dynamo_metrics as metrics
@@ -250,7 +256,7 @@ def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, An
     moved = any(a is not b for a, b in zip(args, copies, strict=True))
     args = copies
     flags = {"grad": torch.is_grad_enabled(), "compiler": "eager"}
-    key = graph_key(gm.code, [_meta(x) for x in args], flags)
+    key = graph_key(graph_text(gm), [_meta(x) for x in args], flags)
     start = time.perf_counter()
     try:
         fn, parts = compile_parts(gm, args)
@@ -287,7 +293,7 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     flags: dict[str, Any] = {"grad": grad, "patches": repr(sorted((patches or {}).items()))}
     if not autograd:  # a part of a desugared graph: its bridge never enters autograd
         flags["bridge"] = "plain"
-    key = graph_key(cpu_gm.code, [_meta(x) for x in example_inputs], flags)
+    key = graph_key(graph_text(cpu_gm), [_meta(x) for x in example_inputs], flags)
     start = time.perf_counter()
     cache_state = "hit"
     compiled = _CACHE.memory.get(key)

@@ -885,3 +885,62 @@ def test_generate_recompiles_are_named_and_the_advice_holds(tmp_path):
     r2 = json.loads((out / "report.json").read_text())["ranks"][0]
     assert len(r2["graphs"]) == advice["graphs_predicted"]
     assert r2["recompile_advice"] == [] and r2["bucket_suggestions"] == []
+
+
+# ---- user text is never rich markup ------------------------------------------------------
+
+_MARKUP = "[/INST] [bold red]x[/] [/tmp] :smile:"
+
+
+def test_summary_prints_user_text_as_written(monkeypatch):
+    """argv, error messages, graph break sources and op names are printed as they are: rich
+    would read `[/INST]` as a closing tag and raise, or eat `[bold red]` as a style."""
+    import io
+
+    rank = _rank_report(0, 1)
+    rank["run"]["argv"] = ["train.py", _MARKUP]
+    rank["run"]["error"] = {"type": "ValueError", "message": f"bad {_MARKUP}", "traceback": ""}
+    rank["graph_breaks"][0]["source"] = f"print('{_MARKUP}')"
+    rank["eager_ops"] = {f"aten::{_MARKUP}": 3}
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    render.terminal(render.merge([rank]))
+    out = piped.getvalue()
+    assert f"train.py {_MARKUP}" in out and f"bad {_MARKUP}" in out
+    assert f"aten::{_MARKUP} 3" in out
+
+
+def test_run_with_markup_in_argv_and_error_keeps_the_report_and_status(tmp_path):
+    """Neither the summary nor the exit status depends on what the script's text holds."""
+    ok = script(tmp_path, "ok.py", NEURON_WORK)
+    proc, out = run_cli(tmp_path, [str(ok), _MARKUP])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"ok.py {_MARKUP}" in proc.stderr and "could not" not in proc.stderr
+    r = _report(out)
+    assert r["run"]["argv"][-1] == _MARKUP and r["run"]["ended_by"] == "return"
+    bad = script(tmp_path, "bad.py", NEURON_WORK + f"raise ValueError({_MARKUP!r})\n")
+    proc, out = run_cli(tmp_path, [str(bad)])
+    assert proc.returncode == 1 and "could not" not in proc.stderr, proc.stderr[-2000:]
+    r = _report(out)
+    assert r["run"]["error"]["message"] == _MARKUP and r["run"]["ended_by"] == "exception"
+    code = f"import neuronlocal.report.metrics as m\nraise SystemExit(0 if {_MARKUP!r} in " \
+           "m.report() else 3)\n"
+    inside = script(tmp_path, "inside.py", f"import sys\nsys.argv.append({_MARKUP!r})\n" + code)
+    assert subprocess.run([sys.executable, str(inside)], timeout=120).returncode == 0
+
+
+def test_a_summary_that_cannot_print_leaves_the_full_report(tmp_path, monkeypatch):
+    """A summary that fails (a closed stderr, a rendering bug) is one line; the report on disk
+    is the full one and no error escapes."""
+    from neuronlocal.report import runner
+
+    def broken(rep, console=None):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(render, "terminal", broken)
+    rank = _rank_report(0, 1)
+    (tmp_path / "rep").mkdir(mode=0o700)
+    rep = runner.write(tmp_path / "rep", rank)
+    assert rep["complete"]
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["ranks"][0]["run"] == \
+        rank["run"]

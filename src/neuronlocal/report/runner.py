@@ -228,6 +228,14 @@ def write(directory: Path, rank_report: dict[str, Any], quiet: bool = False) -> 
     with _locked(directory):
         rep = merge_dir(directory, rank_report["run"].get("run_id"))
     if not quiet:
+        _summary(directory, rank, rep)
+    return rep
+
+
+def _summary(directory: Path, rank: int, rep: dict[str, Any]) -> None:
+    """Prints the summary of the report just written. It never raises: the report is on
+    disk, and the exit status stays the script's (a closed stderr, a rendering bug)."""
+    try:
         if rep["complete"]:
             render.terminal(rep)
             print(f"neuronlocal: report written to {directory}/report.html and report.json",
@@ -235,4 +243,7 @@ def write(directory: Path, rank_report: dict[str, Any], quiet: bool = False) -> 
         else:
             print(f"neuronlocal: rank {rank} report written to {directory}/rank{rank}.json "
                   f"({len(rep['ranks'])}/{rep['world_size']} ranks so far)", file=sys.stderr)
-    return rep
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        with contextlib.suppress(Exception):
+            print(f"neuronlocal: could not print the summary ({type(e).__name__}: {e}); the "
+                  f"report is in {directory}/report.html and report.json", file=sys.stderr)

@@ -944,3 +944,25 @@ def test_a_summary_that_cannot_print_leaves_the_full_report(tmp_path, monkeypatc
     assert rep["complete"]
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["ranks"][0]["run"] == \
         rank["run"]
+
+
+# ---- one job's report holds only that job's ranks ------------------------------------------
+
+# As torchrun: an agent whose own environment has no TORCHELASTIC_RUN_ID starts the rank
+# with TORCHELASTIC_RUN_ID=none (what --master-port gives every job) and the rank variables.
+_AGENT = ("import os, subprocess, sys; os.environ.update(TORCHELASTIC_RUN_ID='none', "
+          "MASTER_PORT='29511', WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', RANK=sys.argv[1]); "
+          "sys.exit(subprocess.call(sys.argv[2:]))")
+
+
+def test_a_later_job_into_the_same_folder_never_merges_an_earlier_jobs_ranks(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+    failed = script(tmp_path, "failed.py", NEURON_WORK + "raise ValueError('job one')\n")
+    ok = script(tmp_path, "ok.py", NEURON_WORK)
+    for rank, path in ((1, failed), (0, ok)):  # job one's rank 1, then job two's rank 0
+        cmd = [sys.executable, "-c", _AGENT, str(rank), sys.executable, "-m", "neuronlocal",
+               "run", "--report", str(tmp_path / "report"), str(path)]
+        subprocess.run(cmd, env=env, capture_output=True, timeout=300, check=False)
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [r["rank"] for r in rep["ranks"]] == [0] and not rep["complete"]
+    assert rep["ranks"][0]["run"]["error"] is None and "job one" not in json.dumps(rep)

@@ -20,6 +20,7 @@ import glob
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -165,6 +166,55 @@ def _remove_state(state: Path) -> None:
             p.unlink()
 
 
+def _started(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot), so a reused pid is another."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _agent() -> int:
+    """The torchrun agent that started this rank: the nearest ancestor whose environment
+    has no TORCHELASTIC_RUN_ID (a shell between torchrun and `neuronlocal run` inherits
+    it, torchrun itself does not). The parent when /proc cannot tell."""
+    pid = os.getppid()
+    for _ in range(16):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return os.getppid()
+        if b"\0TORCHELASTIC_RUN_ID=" not in b"\0" + env or _parent_of(pid) <= 1:
+            return pid
+        pid = _parent_of(pid)
+    return os.getppid()
+
+
+def _run_id() -> str:
+    """What names this job's rank files, unique to the job: the ranks' reports into one
+    folder merge only with files of the same id. torchrun's TORCHELASTIC_RUN_ID is "none"
+    for every job started with --master-port, and a fixed --rdzv-id repeats across jobs, so
+    on one node the id adds the torchrun agent (`_agent`: host, pid and start time).
+    Across nodes the agents differ, so the rendezvous (id, master address and port) has to
+    do."""
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not elastic:
+        return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    if os.environ.get("LOCAL_WORLD_SIZE", "") == os.environ.get("WORLD_SIZE", ""):
+        agent = _agent()
+        return f"{elastic}-{socket.gethostname()}-{agent}-{_started(agent)}"
+    return (f"{elastic}-{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+            f"-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+
+
 def run(args: list[str], module: str | None = None, report_dir: str | Path = "neuron_report",
         quiet: bool = False) -> int:
     """Runs `script args...` (or `-m module args...`) in a child; returns its exit status."""
@@ -175,7 +225,7 @@ def run(args: list[str], module: str | None = None, report_dir: str | Path = "ne
     except RunError as e:
         print(e, file=sys.stderr)
         return e.code
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"{os.getpid()}-{time.time():.0f}"
+    run_id = _run_id()
     state = out / f".state-{uuid.uuid4().hex}.json"
     cmd = [sys.executable, *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
            "-m", "neuronlocal.report.child", "--report", str(out), "--state", str(state),

@@ -966,3 +966,20 @@ def test_a_later_job_into_the_same_folder_never_merges_an_earlier_jobs_ranks(tmp
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
     assert [r["rank"] for r in rep["ranks"]] == [0] and not rep["complete"]
     assert rep["ranks"][0]["run"]["error"] is None and "job one" not in json.dumps(rep)
+
+
+def test_only_the_tools_own_rank_files_are_merged(tmp_path):
+    """A user's rankings.json (or rank_notes.json, rank1.json.bak) in the report folder is
+    not a rank file; a bad WORLD_SIZE is one warning, and the run still gets its report."""
+    out = tmp_path / "report"
+    out.mkdir(mode=0o700)
+    (out / "rankings.json").write_text('{"top": [1, 2]}')
+    (out / "rank_notes.json").write_text("[1, 2]")
+    (out / "rank7.json").write_text('{"rank": 7, "run": "not a run"}')
+    ok = script(tmp_path, "ok.py", NEURON_WORK)
+    proc, out = run_cli(tmp_path, [str(ok)], env={"WORLD_SIZE": "abc"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "WORLD_SIZE='abc' is not a whole number >= 1" in proc.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["complete"] and [r["rank"] for r in rep["ranks"]] == [0]
+    assert rep["world_size"] == 1

@@ -19,6 +19,7 @@ import fcntl
 import glob
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,6 +40,7 @@ log = logging.getLogger("neuronlocal.report")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2)
 _FROM_TERMINAL = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_RANK_FILE = re.compile(r"rank(0|[1-9][0-9]{0,6})\.json")  # the names `write` gives
 
 
 class RunError(Exception):
@@ -260,11 +262,16 @@ def _locked(directory: Path) -> Iterator[None]:
 def merge_dir(directory: Path, run_id: str | None = None) -> dict[str, Any]:
     """Merges the rank<N>.json files of one run (`run_id`; None: all) into report.json/.html."""
     ranks = []
-    for p in sorted(directory.glob("rank*.json")):
+    for p in directory.glob("rank*.json"):
+        if not _RANK_FILE.fullmatch(p.name):  # a user's rankings.json is not a rank file
+            continue
         with contextlib.suppress(OSError, ValueError):
             r = read_json(p)
-            if run_id is None or r["run"].get("run_id") == run_id:
+            if isinstance(r, dict) and isinstance(r.get("run"), dict) and \
+                    isinstance(r.get("rank"), int) and \
+                    (run_id is None or r["run"].get("run_id") == run_id):
                 ranks.append(r)
+    ranks.sort(key=lambda r: r["rank"])
     rep = render.merge(ranks)
     write_private(directory / "report.json", render.to_json(rep))
     write_private(directory / "report.html", render.html_page(rep))

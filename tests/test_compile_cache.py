@@ -618,3 +618,41 @@ def test_graph_text_covers_checkpoint_bodies_and_constants():
         root.c = value
         texts.add(cache_mod.graph_text(fx.GraphModule(root, g)))
     assert len(texts) == 3
+
+
+# ---- a cache that cannot be written is a warning, never a failed compile ------------------
+
+_FULL_DISK = """set -e
+mount -t tmpfs -o size=64k tmpfs "$1"
+dd if=/dev/zero of="$1/filler" bs=4k 2>/dev/null || true
+shift
+exec "$@"
+"""
+
+
+def _can_mount_tmpfs(where: Path) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "tmpfs", str(where)],
+                       capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_a_full_cache_disk_warns_once_and_compiles_without_it(tmp_path, compiler):
+    """The cache folder on a full disk (a 64 KiB tmpfs, filled): the graph compiles and runs
+    without the cache, with one warning naming the folder."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if not _can_mount_tmpfs(full):
+        pytest.skip("cannot mount a tmpfs in a mount namespace here (unshare -m)")
+    (tmp_path / "full.sh").write_text(_FULL_DISK)
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(full / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks"),
+           "NEURONLOCAL_COMPILER": compiler}
+    cmd = ["unshare", "-m", "sh", str(tmp_path / "full.sh"), str(full), sys.executable, "-c",
+           textwrap.dedent(_COMPILE)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["miss"]
+    assert r.stderr.count("cannot be written (No space left on device)") == 1

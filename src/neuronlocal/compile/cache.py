@@ -55,6 +55,9 @@ _KEY = re.compile(r"^[0-9a-f]{16,64}$")
 # `device(type='neuron', index=3)` and `'neuron:3'` in graph code, with the core index.
 _CORE_INDEX = re.compile(r"(device\(type='neuron'), index=\d+(?=\))|(?<=neuron):\d+")
 MAX_ENTRY_BYTES = 2**20  # an entry names a graph's artifact files and their digests
+# Write errors that mean the cache cannot take more: compile without it.
+_CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
+                 errno.EPERM}
 
 
 def _user() -> str:
@@ -148,10 +151,13 @@ class NeffCache:
     def __init__(self) -> None:
         self.memory: dict[str, Any] = {}
         self._private_tmp: Path | None = None
+        self._unwritable: Path | None = None  # a cache a write failed in: not used again
 
     # ---- where things go -------------------------------------------------------------
     def state(self) -> State:
         if disabled():
+            return State("off")
+        if self._unwritable is not None and self._unwritable == cache_dir():
             return State("off")
         root = cache_dir()
         problem = private_dir(root, "TORCH_NEURONX_NEFF_CACHE_DIR")
@@ -169,6 +175,23 @@ class NeffCache:
         _warn_once(f"neuron compile cache {root} is read-only and empty; compiling without "
                    "a persistent cache.")
         return State("off")
+
+    def give_up(self, err: BaseException, state: State) -> bool:
+        """Whether `err` is the cache failing to be written (a full or read-only disk, a
+        folder this user cannot write): then the cache is off for this process, with one
+        warning, and the caller compiles without it. A compile never fails for its cache."""
+        if state.root is None:
+            return False
+        seen: BaseException | None = err
+        while seen is not None and not (isinstance(seen, OSError) and seen.errno in _CANNOT_WRITE):
+            seen = seen.__cause__ or seen.__context__
+        if seen is None:
+            return False
+        self._unwritable = state.root
+        _warn_once(f"neuron compile cache {state.root} cannot be written ({seen.strerror or seen}"
+                   "); compiling without the persistent cache in this process. Free space "
+                   "there or set TORCH_NEURONX_NEFF_CACHE_DIR to a writable directory.")
+        return True
 
     def private_tmp(self) -> Path:
         """A directory only this process uses, for compiles that must not be cached."""
@@ -307,8 +330,12 @@ class NeffCache:
         files = {str(p.relative_to(root)): _sha256(p) for p in new}  # type: ignore[arg-type]
         entry = {"format": FORMAT, "key": key, "graph_name": graph_name, "files": files,
                  "created": time.time()}
-        write_private(self.entry_path(state.root, key),  # type: ignore[arg-type]
-                      json.dumps(entry, indent=1))
+        try:
+            write_private(self.entry_path(state.root, key),  # type: ignore[arg-type]
+                          json.dumps(entry, indent=1))
+        except OSError as err:
+            if not self.give_up(err, state):
+                raise
 
     def mark(self, key: str, graph_name: str) -> str:
         """"hit" when `key` has an entry (this process or on disk), else records one and says

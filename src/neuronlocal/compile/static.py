@@ -31,6 +31,7 @@ from neuronlocal.compile.aot import autocopied, compile_parts
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
 from neuronlocal.compile.cache import (
     NeffCache,
+    State,
     add_compiled_cache_key,
     graph_key,
     graph_text,
@@ -275,6 +276,23 @@ def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, An
     return estimate_capture.attach(gm, args, run if moved else fn)
 
 
+def _compile_cached(key: str, name: str, state: State, cpu_gm: fx.GraphModule,
+                    examples: list[Any], patches: dict[str, Any], grad: bool
+                    ) -> tuple[Callable[..., Any], str]:
+    """Compiles `cpu_gm` with Inductor, through the persistent cache as `state` allows;
+    returns the compiled function and "hit" or "miss"."""
+    with _CACHE.claim(key, state) as entry:
+        cacheable = state.mode == "rw" or entry is not None
+        before = _CACHE.snapshot(state) if state.mode == "rw" and entry is None else None
+        hits = _cache_counters()
+        with inductor_dirs(_CACHE, state, cacheable), torch.set_grad_enabled(grad):
+            fn = _compile_cpu(cpu_gm, examples, patches)
+        cache_state = "miss" if _cache_counters() == hits else "hit"
+        if before is not None:
+            _CACHE.store(key, name, before, state)
+    return fn, cache_state
+
+
 def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
                    kind: str = "static", extra: dict[str, Any] | None = None,
                    autograd: bool = True) -> Callable[..., Any]:
@@ -300,16 +318,15 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     if compiled is None:
         state = _CACHE.state()
         try:
-            with _CACHE.claim(key, state) as entry:
-                cacheable = state.mode == "rw" or entry is not None
-                before = _CACHE.snapshot(state) if state.mode == "rw" and entry is None else None
-                hits = _cache_counters()
-                with inductor_dirs(_CACHE, state, cacheable), torch.set_grad_enabled(grad):
-                    fn = _compile_cpu(cpu_gm, examples, patches)
-                if _cache_counters() == hits:
-                    cache_state = "miss"
-                if before is not None:
-                    _CACHE.store(key, name, before, state)
+            try:
+                fn, cache_state = _compile_cached(key, name, state, cpu_gm, examples, patches,
+                                                  grad)
+            except Exception as err:
+                if not _CACHE.give_up(err, state):  # a cache that cannot be written: without
+                    raise
+                state = State("off")
+                fn, cache_state = _compile_cached(key, name, state, cpu_copy(gm), examples,
+                                                  patches, grad)
         except Exception as err:
             compile_failed(err, name, nodes, options)
             return gm.forward

@@ -74,7 +74,7 @@ def headlines(rep: dict[str, Any]) -> list[str]:
         line = (f"{p}estimated Trainium step on {e['instance']} (LNC={e['lnc']}): "
                 f"{_ms(s['estimated_step_s'])} ms (band {_band(s['band_s'])} ms, x/÷"
                 f"{1 + e['step_band']:.2f}) vs {_ms(s['host_step_s'])} ms on this host (compiling "
-                f"excluded), median of {s['steps']} steps"
+                f"excluded), median of {_steps_used(s)}"
                 + ("" if s["estimated_step_s"] >= CALIBRATED_MIN_S
                    else f" ({BELOW}: band not validated)"))
         if s.get("usd_per_hour") is not None:
@@ -84,6 +84,15 @@ def headlines(rep: dict[str, Any]) -> list[str]:
                                                       " (unverified price)"))
         out.append(line)
     return out
+
+
+def _steps_used(summary: dict[str, Any]) -> str:
+    """Which steps a median rests on: all of them, or the window kept of a long run."""
+    n, gone = summary["steps"], summary.get("steps_summarised", 0)
+    if not gone:
+        return f"{n} steps"
+    return (f"the {summary['steps_kept']} steps kept of {n} (the first and the last; "
+            f"{gone} steps in between are summarised as totals only)")
 
 
 def _run_s(step: dict[str, Any]) -> float:

@@ -86,3 +86,20 @@ def test_support_options_out_of_range_are_one_line_exit_2(capsys, monkeypatch, a
     code, lines = _exit_and_output(["support", *args], capsys)
     assert code == 2, lines
     assert len(lines) == 1 and args[0] in lines[0], lines
+
+
+@pytest.mark.parametrize("args", [["ops", "--list", "host"], ["info"], ["env"]])
+def test_a_reader_that_closes_the_pipe_is_no_traceback(args):
+    """`neuronlocal ops --list host | true`: the reader is gone before the output is; the
+    command ends quietly with a shell's SIGPIPE status, as `ls | true` does."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader went away
+    r = subprocess.run([sys.executable, "-m", "neuronlocal", *args], stdout=write,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert r.returncode == 141

@@ -103,3 +103,13 @@ def test_a_reader_that_closes_the_pipe_is_no_traceback(args):
     os.close(write)
     assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
     assert r.returncode == 141
+
+
+def test_a_model_the_estimate_cannot_build_is_one_short_line(capsys):
+    """T5 is no causal LM: transformers' error lists every model type (3 KB); the command
+    says it in one short line and exits 2."""
+    assert cli.main(["estimate", "t5"]) == 2
+    err = capsys.readouterr()
+    lines = [ln for ln in (err.out + err.err).splitlines() if ln.strip()]
+    assert len(lines) == 1 and len(lines[0]) < 400, lines
+    assert "cannot run T5Config" in lines[0]

@@ -323,6 +323,13 @@ def _count(cfg: Any, mode: str, batch: int, seq: int, ctx: int, arch: str,
             p1 + (p2 - p1) * (layers - 1))
 
 
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    """An error's first line, cut at `limit`: transformers' "Unrecognized configuration
+    class" lists every model type in 3 KB; the command's error stays one short line."""
+    text = (str(e).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def count(cfg: Any, mode: str, batch: int, seq: int, ctx: int = 0, arch: str = "causal-lm",
           dtype: torch.dtype = torch.bfloat16) -> Workload:
     """Counts one micro-batch: mode "train", "prefill", "decode" (one token, `ctx` cached) or
@@ -332,5 +339,5 @@ def count(cfg: Any, mode: str, batch: int, seq: int, ctx: int = 0, arch: str = "
             fwd, bwd, act, params = _count(cfg, mode, batch, seq, ctx, arch, dtype)
     except Exception as e:  # noqa: BLE001 - any model failure is a clear input error here
         raise WorkloadError(f"cannot run {type(cfg).__name__} on the meta device: "
-                            f"{type(e).__name__}: {e}") from e
+                            f"{type(e).__name__}: {_first_line(e)}") from e
     return Workload(fwd, bwd, act, shape(cfg, int(params)))

@@ -113,3 +113,15 @@ def test_a_model_the_estimate_cannot_build_is_one_short_line(capsys):
     lines = [ln for ln in (err.out + err.err).splitlines() if ln.strip()]
     assert len(lines) == 1 and len(lines[0]) < 400, lines
     assert "cannot run T5Config" in lines[0]
+
+
+@pytest.mark.parametrize("command", [["estimate"], ["check", "--config"]])
+def test_a_deeply_nested_config_is_one_line_exit_2(tmp_path, capsys, command):
+    """A config.json nested 5000 deep (code walking it would hit the recursion limit) is
+    refused as input, in one line."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    assert cli.main([*command, str(cfg)]) == 2
+    err = capsys.readouterr()
+    lines = [ln for ln in (err.out + err.err).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "nested" in lines[0], lines

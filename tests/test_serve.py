@@ -294,3 +294,55 @@ def test_replay_serves_without_recompiles(tmp_path, capsys):
     from neuronlocal.serve.cli import render
 
     assert "0 recompiles after warm-up" in render(res)
+
+
+# ---- every input is read with bounds: one line and exit 2 --------------------------------
+
+def _report_trace(sizes) -> str:
+    return json.dumps({"ranks": [{"bucket_suggestions": [{"sizes": sizes}]}]})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000 + "]" * 100_000, "not a CSV header or JSON"),
+    ('{"a":' * 100_000 + "1" + "}" * 100_000, "not JSON"),
+    ('{"prompt_tokens": 10, "output_tokens": 2, "arrival_s": 1e308}\n', "up to 1e+07"),
+    ("prompt_tokens,output_tokens\n" + "1" * (128 * 2**10 + 10) + ",2\n", "not a CSV row"),
+    (json.dumps({"ranks": {"x": 1}}), "not a run report"),
+    (json.dumps({"ranks": [{"bucket_suggestions": [{"sizes": "12"}]}]}), "not a run report"),
+    (_report_trace([-5]), "negative"),
+    (_report_trace([0, 4]), "at least 1"),
+    (_report_trace([12.5]), "whole number"),
+    (_report_trace([[3]]), "not a number"),
+])
+def test_traces_out_of_bounds_are_one_line_and_exit_2(tmp_path, capsys, text, message):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(text)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    code, out, err = _cli(capsys, str(cfg), "--trace", str(path))
+    assert code == 2 and out == "" and message in err, err[:500]
+    assert err.count("\n") == 1 and len(err) < 400
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_trace_or_config_that_is_no_file_is_refused_before_it_is_read(tmp_path, capsys,
+                                                                         kind):
+    """A FIFO would block forever and /dev/zero never ends: both are refused in one line."""
+    import os
+
+    if kind == "fifo":
+        special = tmp_path / "fifo"
+        os.mkfifo(special)
+    else:
+        special = "/dev/zero"
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"prompt_tokens": 10, "output_tokens": 2}\n')
+    code, _, err = _cli(capsys, str(cfg), "--trace", str(special))
+    assert code == 2 and "is not a regular file" in err and err.count("\n") == 1, err
+    code, _, err = _cli(capsys, str(special), "--trace", str(trace))
+    assert code == 2 and err.count("\n") == 1, err
+    assert main(["check", "--config", str(special)]) == 2
+    out, err = capsys.readouterr()
+    assert "is not a regular file" in out + err and len((out + err).splitlines()) == 1

@@ -10,7 +10,6 @@ with two layers and extrapolated to the full depth, which is exact for them and 
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from neuronlocal.core.files import load_input_json
 from neuronlocal.estimate.counting import Counter, Tally
 
 # Published model shapes the calibration rows and the CLI use (config.json values).
@@ -136,9 +136,9 @@ def load_config(spec: str) -> Any:
     elif Path(spec).is_file() or Path(spec, "config.json").is_file():
         path = Path(spec) if Path(spec).is_file() else Path(spec, "config.json")
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise WorkloadError(f"cannot read {path}: {e}") from e
+            raw = load_input_json(path, 4 * 2**20, "a model's config.json")
+        except ValueError as e:
+            raise WorkloadError(str(e)) from None
     else:
         raise WorkloadError(f"{spec!r} is not a preset ({', '.join(PRESETS)}), a transformers "
                             "model type, or a config.json path.")

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from neuronlocal.compile import cache as cache_mod
+from neuronlocal.compile import fingerprint
 from neuronlocal.compile.cache import INDUCTOR_DIR, CacheLockTimeout, NeffCache, State
 from neuronlocal.core import files
 
@@ -342,6 +343,42 @@ def test_compiler_child_dies_with_a_killed_compile(tmp_path):
     assert not alive.exists() or alive.read_text().split()[2] == "Z", "the compiler outlived it"
 
 
+_COMPILER_TEMPORARY = """
+import os, sys, tempfile
+from torch._inductor import cpp_builder
+from neuronlocal.compile.cache import NeffCache, inductor_dirs
+cache = NeffCache()
+with inductor_dirs(cache, cache.state(), cacheable=True):
+    print(os.getpid(), flush=True)
+    cpp_builder._run_compile_cmd(sys.argv[1], tempfile.gettempdir())  # stands in for g++
+"""
+
+
+def test_temporaries_of_a_killed_compile_are_removed_by_the_next(tmp_path):
+    """kill -9 during a compile: g++ dies with the process and cannot remove its temporary
+    files; they are in the process's own compiler folder, which the next compile removes."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, **_env(tmp_path), "TMPDIR": str(tmp)}
+    compiler = "sh -c 'mktemp ccXXXXXX.o --tmpdir; sleep 300'"  # a temporary, then a long build
+    proc = subprocess.Popen([sys.executable, "-c", _COMPILER_TEMPORARY, compiler],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        proc.stdout.readline()
+        deadline = time.monotonic() + 60
+        while not list(tmp.rglob("cc*.o")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(tmp.rglob("cc*.o")), "the compiler never wrote its temporary"
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(0.5)  # the compiler gets its SIGKILL
+    r = subprocess.run([sys.executable, "-c", _COMPILER_TEMPORARY, "true"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not list(tmp.rglob("cc*.o"))
+
+
 def test_lock_file_symlink_is_not_followed(tmp_path, monkeypatch):
     state = _rw_state(tmp_path, monkeypatch)
     (tmp_path / "locks").mkdir(mode=0o700)
@@ -607,7 +644,7 @@ def test_graph_text_covers_checkpoint_bodies_and_constants():
     def traced(body):
         gm = torch._dynamo.export(lambda v: checkpoint(body, v, use_reentrant=False))(
             torch.ones(3)).graph_module
-        return cache_mod.graph_text(gm)
+        return fingerprint.graph_text(gm)
 
     assert traced(lambda u: u.sin()) != traced(lambda u: u.tanh())
     texts = set()
@@ -616,7 +653,7 @@ def test_graph_text_covers_checkpoint_bodies_and_constants():
         g.output(g.get_attr("c"))
         root = torch.nn.Module()
         root.c = value
-        texts.add(cache_mod.graph_text(fx.GraphModule(root, g)))
+        texts.add(fingerprint.graph_text(fx.GraphModule(root, g)))
     assert len(texts) == 3
 
 

@@ -379,9 +379,37 @@ def header_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"neuron_headers_{_user()}"
 
 
+_compiler_tmp: Path | None = None
+
+
+def compiler_tmp() -> Path | None:
+    """The C++ compiler's TMPDIR for this process: `neuron_cc_tmp_<user>/<pid>` (private,
+    removed at exit). g++ killed with this process (kill -9) cannot remove its temporaries,
+    so the first compile of each process also removes the folders of processes that are
+    gone. None (the compiler's default) when the parent folder cannot be used."""
+    global _compiler_tmp
+    if _compiler_tmp is not None and _compiler_tmp.is_dir():
+        return _compiler_tmp
+    root = Path(tempfile.gettempdir()) / f"neuron_cc_tmp_{_user()}"
+    if private_dir(root, "the compiler's temporary folder"):
+        return None
+    for old in root.iterdir():
+        if old.name.isdigit() and not os.path.exists(f"/proc/{old.name}"):
+            shutil.rmtree(old, ignore_errors=True)
+    mine = root / str(os.getpid())
+    with contextlib.suppress(FileExistsError):
+        mine.mkdir(mode=0o700)
+    import atexit
+
+    atexit.register(shutil.rmtree, mine, True)
+    _compiler_tmp = mine
+    return mine
+
+
 class _CompilerProcesses(types.ModuleType):
     """`subprocess` as Inductor's C++ builder sees it during a neuron compile: g++ is killed
-    when this process dies (kill -9 included) instead of running on orphaned."""
+    when this process dies (kill -9 included) instead of running on orphaned, and keeps its
+    temporaries in `compiler_tmp()`, where the next process removes what it left."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
@@ -389,6 +417,10 @@ class _CompilerProcesses(types.ModuleType):
     @staticmethod
     def run(*args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("preexec_fn", killed_with_parent)
+        tmp = compiler_tmp()
+        if tmp is not None:
+            env = kwargs.get("env")
+            kwargs["env"] = {**(os.environ if env is None else env), "TMPDIR": str(tmp)}
         return subprocess.run(*args, **kwargs)
 
 
@@ -450,113 +482,10 @@ def inductor_dirs(cache: NeffCache, state: State, cacheable: bool) -> Iterator[N
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
 
 
-# Tensor attributes up to this size are hashed by value (a compiled graph keeps its constants);
-# larger ones (weights, when not lifted to inputs) by layout only.
-_HASHED_CONSTANT_BYTES = 2**20
-
-
-def _attribute_text(val: Any) -> str:
-    """What a graph attribute contributes to its key: a tensor's layout (and the values of a
-    small real one), a plain constant's repr, another object's type."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
-    if isinstance(val, torch.Tensor):
-        meta = (f"tensor {type(val).__name__} {tuple(val.shape)} {tuple(val.stride())} "
-                f"{val.dtype} {val.device.type} grad={val.requires_grad}")
-        plain = type(val) in (torch.Tensor, torch.nn.Parameter) and not isinstance(val, FakeTensor)
-        if not plain or val.device.type not in ("cpu", "neuron") or \
-                val.numel() * val.element_size() > _HASHED_CONSTANT_BYTES:
-            return meta
-        from neuronlocal import _C
-
-        with unset_fake_temporarily():
-            host = val.detach()
-            host = _C._cpu_alias(host) if host.device.type == "neuron" else host
-            data = host.contiguous().view(-1).view(torch.uint8).numpy().tobytes() \
-                if host.numel() else b""
-        return f"{meta} {hashlib.sha256(data).hexdigest()}"
-    if val is None or isinstance(val, (bool, int, float, complex, str, bytes)):
-        return repr(val)[:4096]
-    return f"object {type(val).__module__}.{type(val).__qualname__}"
-
-
-def _function_text(fn: Any) -> str:
-    """A Python function a graph calls (not an op): its name prints alike for two different
-    functions, so its bytecode and constants name it."""
-    code = getattr(fn, "__code__", None)
-    if not isinstance(code, types.CodeType):
-        return ""
-    h = hashlib.sha256()
-
-    def add(c: types.CodeType) -> None:  # nested code objects by content, not address
-        h.update(c.co_code)
-        for const in c.co_consts:
-            if isinstance(const, types.CodeType):
-                add(const)
-            else:
-                h.update(repr(const).encode())
-
-    add(code)
-    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
-    return f"function {name} {h.hexdigest()[:16]}"
-
-
-def graph_text(gm: Any) -> str:
-    """Everything in a graph module that decides what it computes: its code, and the code of
-    every graph it calls (the bodies of higher-order ops: torch.cond branches, checkpointed
-    regions, FlexAttention's score_mod and mask_mod), recursively, with the attributes each
-    reads and the Python functions each calls. Two graphs that differ only inside a body
-    print the same top-level code, so hashing that alone would serve one the other's code."""
-    import torch
-    from torch import fx
-
-    parts: list[str] = []
-    seen: set[int] = set()
-
-    def visit(mod: Any, path: str) -> None:
-        parts.append(f"## {path} {type(mod).__qualname__}")
-        if id(mod) in seen:
-            parts.append("(seen)")
-            return
-        seen.add(id(mod))
-        if not isinstance(mod, fx.GraphModule):  # a plain module a graph calls
-            parts.append(repr(mod)[:4096])
-            for name, t in (*mod.named_parameters(), *mod.named_buffers()):
-                parts.append(f"{name}: {_attribute_text(t)}")
-            return
-        parts.append(mod.code)
-        for node in mod.graph.nodes:
-            if node.op in ("get_attr", "call_module"):
-                try:
-                    val = _attribute_of(mod, node.target)
-                except AttributeError:
-                    parts.append(f"{node.target}: missing")
-                    continue
-                if isinstance(val, torch.nn.Module):
-                    visit(val, f"{path}.{node.target}")
-                else:
-                    parts.append(f"{node.target}: {_attribute_text(val)}")
-            elif node.op == "call_function" and not isinstance(
-                    node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket,
-                                  torch._ops.HigherOrderOperator)):
-                text = _function_text(node.target)
-                if text:
-                    parts.append(text)
-
-    visit(gm, "graph")
-    return "\n".join(parts)
-
-
-def _attribute_of(mod: Any, target: str) -> Any:
-    for part in target.split("."):
-        mod = getattr(mod, part)
-    return mod
-
-
 def graph_key(code: str, inputs_meta: list[Any], extra: dict[str, Any]) -> str:
-    """Hash of the graph (`graph_text`), the input metadata and the versions that affect codegen
-    (lowering fixes included: an entry compiled before a fix is never looked up)."""
+    """Hash of the graph (`fingerprint.graph_text`), the input metadata and the versions
+    that affect codegen (lowering fixes included: an entry compiled before a fix is never
+    looked up)."""
     import torch
 
     from neuronlocal.core import VERSION

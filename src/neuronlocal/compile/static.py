@@ -34,9 +34,9 @@ from neuronlocal.compile.cache import (
     State,
     add_compiled_cache_key,
     graph_key,
-    graph_text,
     inductor_dirs,
 )
+from neuronlocal.compile.fingerprint import graph_text
 from neuronlocal.compile.flex import decompose as decompose_flex
 from neuronlocal.compile.lowering import lowering_fixes, optlevel_patches, stock_compile_fx
 from neuronlocal.core import dynamo_metrics as metrics

@@ -86,3 +86,42 @@ def test_support_options_out_of_range_are_one_line_exit_2(capsys, monkeypatch, a
     code, lines = _exit_and_output(["support", *args], capsys)
     assert code == 2, lines
     assert len(lines) == 1 and args[0] in lines[0], lines
+
+
+@pytest.mark.parametrize("args", [["ops", "--list", "host"], ["info"], ["env"]])
+def test_a_reader_that_closes_the_pipe_is_no_traceback(args):
+    """`neuronlocal ops --list host | true`: the reader is gone before the output is; the
+    command ends quietly with a shell's SIGPIPE status, as `ls | true` does."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader went away
+    r = subprocess.run([sys.executable, "-m", "neuronlocal", *args], stdout=write,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert r.returncode == 141
+
+
+def test_a_model_the_estimate_cannot_build_is_one_short_line(capsys):
+    """T5 is no causal LM: transformers' error lists every model type (3 KB); the command
+    says it in one short line and exits 2."""
+    assert cli.main(["estimate", "t5"]) == 2
+    err = capsys.readouterr()
+    lines = [ln for ln in (err.out + err.err).splitlines() if ln.strip()]
+    assert len(lines) == 1 and len(lines[0]) < 400, lines
+    assert "cannot run T5Config" in lines[0]
+
+
+@pytest.mark.parametrize("command", [["estimate"], ["check", "--config"]])
+def test_a_deeply_nested_config_is_one_line_exit_2(tmp_path, capsys, command):
+    """A config.json nested 5000 deep (code walking it would hit the recursion limit) is
+    refused as input, in one line."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    assert cli.main([*command, str(cfg)]) == 2
+    err = capsys.readouterr()
+    lines = [ln for ln in (err.out + err.err).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "nested" in lines[0], lines

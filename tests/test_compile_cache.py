@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from neuronlocal.compile import cache as cache_mod
+from neuronlocal.compile import fingerprint
 from neuronlocal.compile.cache import INDUCTOR_DIR, CacheLockTimeout, NeffCache, State
 from neuronlocal.core import files
 
@@ -342,6 +343,42 @@ def test_compiler_child_dies_with_a_killed_compile(tmp_path):
     assert not alive.exists() or alive.read_text().split()[2] == "Z", "the compiler outlived it"
 
 
+_COMPILER_TEMPORARY = """
+import os, sys, tempfile
+from torch._inductor import cpp_builder
+from neuronlocal.compile.cache import NeffCache, inductor_dirs
+cache = NeffCache()
+with inductor_dirs(cache, cache.state(), cacheable=True):
+    print(os.getpid(), flush=True)
+    cpp_builder._run_compile_cmd(sys.argv[1], tempfile.gettempdir())  # stands in for g++
+"""
+
+
+def test_temporaries_of_a_killed_compile_are_removed_by_the_next(tmp_path):
+    """kill -9 during a compile: g++ dies with the process and cannot remove its temporary
+    files; they are in the process's own compiler folder, which the next compile removes."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, **_env(tmp_path), "TMPDIR": str(tmp)}
+    compiler = "sh -c 'mktemp ccXXXXXX.o --tmpdir; sleep 300'"  # a temporary, then a long build
+    proc = subprocess.Popen([sys.executable, "-c", _COMPILER_TEMPORARY, compiler],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        proc.stdout.readline()
+        deadline = time.monotonic() + 60
+        while not list(tmp.rglob("cc*.o")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(tmp.rglob("cc*.o")), "the compiler never wrote its temporary"
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(0.5)  # the compiler gets its SIGKILL
+    r = subprocess.run([sys.executable, "-c", _COMPILER_TEMPORARY, "true"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not list(tmp.rglob("cc*.o"))
+
+
 def test_lock_file_symlink_is_not_followed(tmp_path, monkeypatch):
     state = _rw_state(tmp_path, monkeypatch)
     (tmp_path / "locks").mkdir(mode=0o700)
@@ -557,3 +594,102 @@ def test_graph_key_names_the_device_type_not_the_core():
     key = cache_mod.graph_key(code.format(0, 0), [], {})
     assert key == cache_mod.graph_key(code.format(3, 5), [], {})
     assert key != cache_mod.graph_key(code.format(0, 0).replace("neuron", "cpu"), [], {})
+
+
+# ---- the key names the whole graph, higher-order ops' bodies included ---------------------
+
+def _cond(body):
+    return lambda v: torch.cond(v.sum() > 0, body, lambda u: u.cos(), (v,))
+
+
+def _flex(score):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return lambda v: flex_attention(v, v, v, score_mod=score)
+
+
+_HOPS = {
+    "cond": (_cond(lambda u: u.sin()), _cond(lambda u: u.exp()), (4,)),
+    "flex": (_flex(lambda s, b, h, q, k: s + 1.0), _flex(lambda s, b, h, q, k: s * (q - k)),
+             (1, 1, 8, 4)),
+}
+
+
+@pytest.mark.parametrize("hop", sorted(_HOPS))
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_graphs_differing_only_inside_a_higher_order_op_get_their_own_keys(
+        isolated_compile, monkeypatch, compiler, hop):
+    """torch.cond branches and FlexAttention's score_mod are graphs of their own, called by
+    name from the top-level code: two graphs that differ only there must not share a key
+    (Inductor would run the first one's code; the default compiler would call it a hit)."""
+    from neuronlocal.core import dynamo_metrics as metrics
+
+    monkeypatch.setenv("NEURONLOCAL_COMPILER", compiler)
+    first, second, shape = _HOPS[hop]
+    x = torch.arange(float(torch.Size(shape).numel())).reshape(shape) / 10
+    outs = [torch.compile(f, backend="neuron")(x.to("neuron")).cpu() for f in (first, second)]
+    for f, out in zip((first, second), outs, strict=True):
+        torch.testing.assert_close(out, f(x))
+    graphs = metrics.get_dynamo_metrics()["graphs"]
+    assert len({g["cache_key"] for g in graphs}) == 2
+    assert [g["cache"] for g in graphs] == ["miss", "miss"]
+
+
+def test_graph_text_covers_checkpoint_bodies_and_constants():
+    """Activation-checkpoint bodies, tensor constants (layout and small values) and the
+    Python functions a graph calls all change the text the key hashes."""
+    from torch import fx
+    from torch.utils.checkpoint import checkpoint
+
+    def traced(body):
+        gm = torch._dynamo.export(lambda v: checkpoint(body, v, use_reentrant=False))(
+            torch.ones(3)).graph_module
+        return fingerprint.graph_text(gm)
+
+    assert traced(lambda u: u.sin()) != traced(lambda u: u.tanh())
+    texts = set()
+    for value in (torch.zeros(2), torch.ones(2), torch.zeros(3)):
+        g = fx.Graph()
+        g.output(g.get_attr("c"))
+        root = torch.nn.Module()
+        root.c = value
+        texts.add(fingerprint.graph_text(fx.GraphModule(root, g)))
+    assert len(texts) == 3
+
+
+# ---- a cache that cannot be written is a warning, never a failed compile ------------------
+
+_FULL_DISK = """set -e
+mount -t tmpfs -o size=64k tmpfs "$1"
+dd if=/dev/zero of="$1/filler" bs=4k 2>/dev/null || true
+shift
+exec "$@"
+"""
+
+
+def _can_mount_tmpfs(where: Path) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "tmpfs", str(where)],
+                       capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_a_full_cache_disk_warns_once_and_compiles_without_it(tmp_path, compiler):
+    """The cache folder on a full disk (a 64 KiB tmpfs, filled): the graph compiles and runs
+    without the cache, with one warning naming the folder."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if not _can_mount_tmpfs(full):
+        pytest.skip("cannot mount a tmpfs in a mount namespace here (unshare -m)")
+    (tmp_path / "full.sh").write_text(_FULL_DISK)
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(full / "neff"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks"),
+           "NEURONLOCAL_COMPILER": compiler}
+    cmd = ["unshare", "-m", "sh", str(tmp_path / "full.sh"), str(full), sys.executable, "-c",
+           textwrap.dedent(_COMPILE)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["miss"]
+    assert r.stderr.count("cannot be written (No space left on device)") == 1

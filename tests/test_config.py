@@ -340,3 +340,23 @@ def test_torchrun_cpu_job_runs_with_a_bad_variable(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "SUM [1.0, 1.0]" in r.stdout
 
+
+
+@pytest.mark.parametrize("raw, says", [
+    ("0-99999999", "names core(s) [99999999]"),
+    ("-5-2", "is not a list of cores"),
+    ("0," * 20000 + "0", "lists a core twice"),
+    ("1" * 5000, "is not a list of cores"),
+])
+def test_visible_cores_are_bounded_before_they_are_expanded(raw, says):
+    """A huge range or list is refused from its bounds, in a short message, without
+    building a list of every core it names."""
+    import tracemalloc
+
+    tracemalloc.start()
+    with pytest.raises(hardware.ConfigError) as err:
+        hardware.parse_visible(raw, 8)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert says in str(err.value) and len(str(err.value)) < 300
+    assert peak < 2**20

@@ -278,6 +278,40 @@ def test_fork_dataloader_workers_returning_neuron_tensors_never_hang(fresh_pytho
     assert got == [("neuron", [float(i)] * 2, "Parameter", "neuron") for i in range(6)]
 
 
+_SPAWN_ARGS = """
+import torch
+import torch.multiprocessing as mp
+
+
+def child(x, p, q):
+    q.put((x * 2, p.device.type, type(p).__name__, p.requires_grad))
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=child, args=(torch.arange(4.0, device="neuron") + 1,
+                                           torch.nn.Parameter(torch.ones(2, device="neuron")), q))
+    proc.start()
+    y, *facts = q.get(timeout=120)
+    proc.join(120)
+    print([proc.exitcode, y.device.type, y.tolist(), *facts])
+"""
+
+
+def test_neuron_tensors_passed_to_a_spawned_process_arrive(tmp_path, fresh_python):
+    """A neuron tensor (and Parameter) as an argument of a spawn-context process arrives on
+    neuron in the child, and one the child sends back arrives too: the pickle carries the
+    tensor's bytes, not shared memory of a CPU copy freed before the child opens it."""
+    path = tmp_path / "spawned.py"
+    path.write_text(_SPAWN_ARGS)
+    r = fresh_python(f"import runpy; runpy.run_path({str(path)!r}, run_name='__main__')",
+                     timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own printed list
+    assert got == [0, "neuron", [2.0, 4.0, 6.0, 8.0], "neuron", "Parameter", True]
+
+
 def test_amp_aliases_as_torch_cuda_amp():
     """Code ported from CUDA: torch.neuron.amp.autocast / GradScaler / custom_fwd train."""
     import torch.neuron.amp as amp

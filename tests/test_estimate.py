@@ -600,9 +600,11 @@ def test_step_compile_seconds_are_split_from_run_time(monkeypatch):
     monkeypatch.setattr(capture, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
     monkeypatch.setattr(capture, "_compile_seconds", lambda: next(compiled))
     cap = capture.Capture()
-    cap.steps = [cap._close() for _ in range(3)]
-    assert [round(s["compile_s"], 6) for s in cap.steps] == [121.5, 0.0, 0.0]
-    assert [round(s["host_s"] - s["compile_s"], 6) for s in cap.steps] == [0.5, 0.4, 0.4]
+    for _ in range(3):
+        cap.steps.append(cap._close())
+    steps = cap.steps.kept()
+    assert [round(s["compile_s"], 6) for s in steps] == [121.5, 0.0, 0.0]
+    assert [round(s["host_s"] - s["compile_s"], 6) for s in steps] == [0.5, 0.4, 0.4]
     assert cap.snapshot()["summary"]["host_step_s"] == pytest.approx(0.4)
 
 
@@ -650,3 +652,47 @@ def test_an_optimizer_stepping_other_optimizers_is_one_step():
         opt.step()
         inner[0].step()  # a bare inner optimizer's step is a step of its own
     assert [s["step"] for s in cap.snapshot()["steps"]] == [0, 1, 2, 3, 4]
+
+
+def test_step_records_are_bounded_for_any_run_length(monkeypatch):
+    """A million-step run keeps the first and last steps whole and the rest as totals: the
+    report's steps, its rank file and the capture's memory stay bounded, and the report
+    says how many steps were summarised."""
+    import json
+
+    from neuronlocal.estimate import view
+    from neuronlocal.report import render
+
+    cap = capture.Capture()
+    step = {"step": 0, "host_s": 0.01, "compile_s": 0.0, "estimated_s": 0.002,
+            "band_s": [0.001, 0.003], "eager_s": 0.002, "graph_s": 0.0, "eager_ops": 30,
+            "eager_launches": 30, "launch_s": 0.001, "compiled_s": 0.0005,
+            "compiled_band_s": [0.0004, 0.0006], "graph_calls": 0, "tensor_flops": 1e6}
+    for i in range(1_000_000):
+        cap.steps.append({**step, "step": i})
+    snap = cap.snapshot()
+    head, tail = capture.StepWindow.HEAD, capture.StepWindow.TAIL
+    assert len(snap["steps"]) == head + tail
+    assert snap["steps"][head - 1]["step"] == head - 1 and snap["steps"][-1]["step"] == 999_999
+    s = snap["summary"]
+    assert s["steps"] == 1_000_000 and s["steps_summarised"] == 1_000_000 - head - tail
+    assert s["totals"]["eager_ops"] == 30_000_000
+    assert len(json.dumps(snap)) < 2**20  # ~250 bytes a kept step
+    rank = {"schema": 1, "rank": 0, "world_size": 1, "run": {}, "estimate": snap}
+    line = view.headlines({"ranks": [rank]})[0]
+    assert f"{1_000_000 - head - tail} steps in between are summarised" in line
+    assert render.merge([rank])["complete"]
+
+
+def test_real_optimizer_steps_beyond_the_window_are_summarised(monkeypatch):
+    monkeypatch.setattr(capture.StepWindow, "HEAD", 2)
+    monkeypatch.setattr(capture.StepWindow, "TAIL", 3)
+    model = torch.nn.Linear(4, 4).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with capture.capturing() as cap:
+        for _ in range(9):
+            model(torch.ones(2, 4, device="neuron")).sum().backward()
+            opt.step()
+    snap = cap.snapshot()
+    assert [s["step"] for s in snap["steps"]] == [0, 1, 6, 7, 8]
+    assert snap["summary"]["steps"] == 9 and snap["summary"]["steps_summarised"] == 4

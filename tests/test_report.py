@@ -912,3 +912,101 @@ def test_recompile_cause_comes_from_the_failed_guard_when_no_shape_changed():
                                 g(1, [(2, 16)], "0/0", "specialized"),
                                 g(2, [(2, 8)], "0/0", "specialized")], [], {})
     assert "automatic dynamic" in spec["recompiles"][1]["reason"]
+
+
+# ---- user text is never rich markup ------------------------------------------------------
+
+_MARKUP = "[/INST] [bold red]x[/] [/tmp] :smile:"
+
+
+def test_summary_prints_user_text_as_written(monkeypatch):
+    """argv, error messages, graph break sources and op names are printed as they are: rich
+    would read `[/INST]` as a closing tag and raise, or eat `[bold red]` as a style."""
+    import io
+
+    rank = _rank_report(0, 1)
+    rank["run"]["argv"] = ["train.py", _MARKUP]
+    rank["run"]["error"] = {"type": "ValueError", "message": f"bad {_MARKUP}", "traceback": ""}
+    rank["graph_breaks"][0]["source"] = f"print('{_MARKUP}')"
+    rank["eager_ops"] = {f"aten::{_MARKUP}": 3}
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    render.terminal(render.merge([rank]))
+    out = piped.getvalue()
+    assert f"train.py {_MARKUP}" in out and f"bad {_MARKUP}" in out
+    assert f"aten::{_MARKUP} 3" in out
+
+
+def test_run_with_markup_in_argv_and_error_keeps_the_report_and_status(tmp_path):
+    """Neither the summary nor the exit status depends on what the script's text holds."""
+    ok = script(tmp_path, "ok.py", NEURON_WORK)
+    proc, out = run_cli(tmp_path, [str(ok), _MARKUP])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"ok.py {_MARKUP}" in proc.stderr and "could not" not in proc.stderr
+    r = _report(out)
+    assert r["run"]["argv"][-1] == _MARKUP and r["run"]["ended_by"] == "return"
+    bad = script(tmp_path, "bad.py", NEURON_WORK + f"raise ValueError({_MARKUP!r})\n")
+    proc, out = run_cli(tmp_path, [str(bad)])
+    assert proc.returncode == 1 and "could not" not in proc.stderr, proc.stderr[-2000:]
+    r = _report(out)
+    assert r["run"]["error"]["message"] == _MARKUP and r["run"]["ended_by"] == "exception"
+    code = f"import neuronlocal.report.metrics as m\nraise SystemExit(0 if {_MARKUP!r} in " \
+           "m.report() else 3)\n"
+    inside = script(tmp_path, "inside.py", f"import sys\nsys.argv.append({_MARKUP!r})\n" + code)
+    assert subprocess.run([sys.executable, str(inside)], timeout=120).returncode == 0
+
+
+def test_a_summary_that_cannot_print_leaves_the_full_report(tmp_path, monkeypatch):
+    """A summary that fails (a closed stderr, a rendering bug) is one line; the report on disk
+    is the full one and no error escapes."""
+    from neuronlocal.report import runner
+
+    def broken(rep, console=None):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(render, "terminal", broken)
+    rank = _rank_report(0, 1)
+    (tmp_path / "rep").mkdir(mode=0o700)
+    rep = runner.write(tmp_path / "rep", rank)
+    assert rep["complete"]
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["ranks"][0]["run"] == \
+        rank["run"]
+
+
+# ---- one job's report holds only that job's ranks ------------------------------------------
+
+# As torchrun: an agent whose own environment has no TORCHELASTIC_RUN_ID starts the rank
+# with TORCHELASTIC_RUN_ID=none (what --master-port gives every job) and the rank variables.
+_AGENT = ("import os, subprocess, sys; os.environ.update(TORCHELASTIC_RUN_ID='none', "
+          "MASTER_PORT='29511', WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', RANK=sys.argv[1]); "
+          "sys.exit(subprocess.call(sys.argv[2:]))")
+
+
+def test_a_later_job_into_the_same_folder_never_merges_an_earlier_jobs_ranks(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+    failed = script(tmp_path, "failed.py", NEURON_WORK + "raise ValueError('job one')\n")
+    ok = script(tmp_path, "ok.py", NEURON_WORK)
+    for rank, path in ((1, failed), (0, ok)):  # job one's rank 1, then job two's rank 0
+        cmd = [sys.executable, "-c", _AGENT, str(rank), sys.executable, "-m", "neuronlocal",
+               "run", "--report", str(tmp_path / "report"), str(path)]
+        subprocess.run(cmd, env=env, capture_output=True, timeout=300, check=False)
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [r["rank"] for r in rep["ranks"]] == [0] and not rep["complete"]
+    assert rep["ranks"][0]["run"]["error"] is None and "job one" not in json.dumps(rep)
+
+
+def test_only_the_tools_own_rank_files_are_merged(tmp_path):
+    """A user's rankings.json (or rank_notes.json, rank1.json.bak) in the report folder is
+    not a rank file; a bad WORLD_SIZE is one warning, and the run still gets its report."""
+    out = tmp_path / "report"
+    out.mkdir(mode=0o700)
+    (out / "rankings.json").write_text('{"top": [1, 2]}')
+    (out / "rank_notes.json").write_text("[1, 2]")
+    (out / "rank7.json").write_text('{"rank": 7, "run": "not a run"}')
+    ok = script(tmp_path, "ok.py", NEURON_WORK)
+    proc, out = run_cli(tmp_path, [str(ok)], env={"WORLD_SIZE": "abc"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "WORLD_SIZE='abc' is not a whole number >= 1" in proc.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["complete"] and [r["rank"] for r in rep["ranks"]] == [0]
+    assert rep["world_size"] == 1

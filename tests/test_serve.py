@@ -326,3 +326,104 @@ def test_replay_checks_the_queueing_simulation(tmp_path, capsys):
         pytest.skip(f"the host's own decode steps vary by {q['host_tpot_spread']:.0%} "
                     f"between requests (a loaded machine): a 15% check is noise; {errors}")
     assert all(abs(e) <= 0.15 for e in errors.values()), q
+
+
+# ---- every input is read with bounds: one line and exit 2 --------------------------------
+
+def _report_trace(sizes) -> str:
+    return json.dumps({"ranks": [{"bucket_suggestions": [{"sizes": sizes}]}]})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000 + "]" * 100_000, "not a CSV header or JSON"),
+    ('{"a":' * 100_000 + "1" + "}" * 100_000, "not JSON"),
+    ('{"prompt_tokens": 10, "output_tokens": 2, "arrival_s": 1e308}\n', "up to 1e+07"),
+    ("prompt_tokens,output_tokens\n" + "1" * (128 * 2**10 + 10) + ",2\n", "not a CSV row"),
+    (json.dumps({"ranks": {"x": 1}}), "not a run report"),
+    (json.dumps({"ranks": [{"bucket_suggestions": [{"sizes": "12"}]}]}), "not a run report"),
+    (_report_trace([-5]), "negative"),
+    (_report_trace([0, 4]), "at least 1"),
+    (_report_trace([12.5]), "whole number"),
+    (_report_trace([[3]]), "not a number"),
+])
+def test_traces_out_of_bounds_are_one_line_and_exit_2(tmp_path, capsys, text, message):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(text)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    code, out, err = _cli(capsys, str(cfg), "--trace", str(path))
+    assert code == 2 and out == "" and message in err, err[:500]
+    assert err.count("\n") == 1 and len(err) < 400
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_trace_or_config_that_is_no_file_is_refused_before_it_is_read(tmp_path, capsys,
+                                                                         kind):
+    """A FIFO would block forever and /dev/zero never ends: both are refused in one line."""
+    import os
+
+    if kind == "fifo":
+        special = tmp_path / "fifo"
+        os.mkfifo(special)
+    else:
+        special = "/dev/zero"
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"prompt_tokens": 10, "output_tokens": 2}\n')
+    code, _, err = _cli(capsys, str(cfg), "--trace", str(special))
+    assert code == 2 and "is not a regular file" in err and err.count("\n") == 1, err
+    code, _, err = _cli(capsys, str(special), "--trace", str(trace))
+    assert code == 2 and err.count("\n") == 1, err
+    assert main(["check", "--config", str(special)]) == 2
+    out, err = capsys.readouterr()
+    assert "is not a regular file" in out + err and len((out + err).splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max-graphs", str(10**9)], "--max-graphs is 1000000000"),
+    (["--compile-minutes", "1e308"], "--compile-minutes is 1e+308"),
+    (["--batch", str(10**9)], "--batch is"),
+    (["--max-len", str(2**40)], "--max-len is"),
+    (["--replay", str(10**9)], "--replay is"),
+])
+def test_numeric_options_past_their_bounds_are_one_line_exit_2(tmp_path, capsys, extra,
+                                                                message):
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"prompt_tokens": 10, "output_tokens": 2}\n')
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    code, out, err = _cli(capsys, str(cfg), "--trace", str(path), *extra)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
+
+
+def test_replay_of_a_folder_without_weights_or_too_few_positions_is_one_line(tmp_path, capsys):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**TINY, "max_position_embeddings": 256}))
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"prompt_tokens": 300, "output_tokens": 2}\n')
+    code, _, err = _cli(capsys, str(folder), "--trace", str(path), "--replay", "1")
+    assert code == 2 and "needs the model's weights" in err and err.count("\n") == 1, err
+    (folder / "model.safetensors").write_bytes(b"")
+    code, _, err = _cli(capsys, str(folder), "--trace", str(path), "--replay", "1")
+    assert code == 2 and "over the model's 256 positions" in err and err.count("\n") == 1, err
+
+
+def test_a_replay_that_serves_nothing_exits_1(tmp_path, capsys, monkeypatch):
+    """The replay's verdict is the exit status: 0 of N requests served is a failure."""
+    from neuronlocal.serve import replay as R
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    (folder / "model.safetensors").write_bytes(b"")
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"prompt_tokens": 10, "output_tokens": 2}\n')
+    served = {"requests": 0, "skipped_no_bucket": 1, "graphs_warmed": 0,
+              "token_buckets_warmed": [], "recompiles_after_warmup": 0, "error": None,
+              "outputs_match": False, **{k: {"p50": None, "p99": None} for k in (
+                  "host_ttft_ms", "host_tpot_ms", "estimated_ttft_ms", "estimated_tpot_ms")}}
+    monkeypatch.setattr(R, "replay", lambda *a: served)
+    code, _, err = _cli(capsys, str(folder), "--trace", str(path), "--replay", "1", "--json")
+    assert code == 1 and "0 of 1 requests served" in err

@@ -276,7 +276,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("check", "support") and _unavailable():
         return 1
-    return int(args.func(args))
+    try:
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """`neuronlocal ops --list host | head`: the reader closed the pipe. Exit quietly with
+    the status a shell gives a command SIGPIPE ended (128 + 13), as `ls | head` does."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # Python's final flush must not fail again
+    return 141
 
 
 if __name__ == "__main__":

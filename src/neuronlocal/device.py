@@ -18,6 +18,7 @@ variable, its value and the accepted values. That is what TorchNeuron raises fro
 
 from __future__ import annotations
 
+import io
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +52,9 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-def _rebuild_on_neuron(cpu: torch.Tensor, index: int, requires_grad: bool,
+def _rebuild_on_neuron(data: bytes, index: int, requires_grad: bool,
                        parameter: bool) -> torch.Tensor:
+    cpu = torch.load(io.BytesIO(data), weights_only=True)
     t = cpu.to(f"neuron:{index}")
     if parameter:
         return torch.nn.Parameter(t, requires_grad)
@@ -60,15 +62,19 @@ def _rebuild_on_neuron(cpu: torch.Tensor, index: int, requires_grad: bool,
 
 
 def _share_through_cpu(reduce: Any) -> Any:
-    """torch.multiprocessing's tensor reduction, with neuron tensors sent as shared CPU
-    memory and moved back to their core on arrival. Without it a forked DataLoader worker
+    """torch.multiprocessing's tensor reduction, with neuron tensors sent as the bytes of a
+    CPU copy and moved back to their core on arrival. Without it a forked DataLoader worker
     that returns a neuron tensor fails in its queue thread (`_share_fd_: only available on
-    CPU`) and the main process waits for that batch forever."""
+    CPU`) and the main process waits for that batch forever. Bytes, not shared memory: the
+    CPU copy is a temporary nobody keeps, and a spawned child (Process(args=...),
+    mp.spawn, a spawn DataLoader) would open its shared memory after it was freed."""
 
     def reduce_tensor(t: torch.Tensor) -> Any:
         if t.device.type != "neuron" or (t.requires_grad and not t.is_leaf):
             return reduce(t)  # torch's own rules (and its error for non-leaf tensors)
-        return _rebuild_on_neuron, (t.detach().cpu(), t.device.index or 0, t.requires_grad,
+        buf = io.BytesIO()
+        torch.save(t.detach().cpu(), buf)
+        return _rebuild_on_neuron, (buf.getvalue(), t.device.index or 0, t.requires_grad,
                                     isinstance(t, torch.nn.Parameter))
 
     return reduce_tensor

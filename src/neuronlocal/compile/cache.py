@@ -55,6 +55,9 @@ _KEY = re.compile(r"^[0-9a-f]{16,64}$")
 # `device(type='neuron', index=3)` and `'neuron:3'` in graph code, with the core index.
 _CORE_INDEX = re.compile(r"(device\(type='neuron'), index=\d+(?=\))|(?<=neuron):\d+")
 MAX_ENTRY_BYTES = 2**20  # an entry names a graph's artifact files and their digests
+# Write errors that mean the cache cannot take more: compile without it.
+_CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
+                 errno.EPERM}
 
 
 def _user() -> str:
@@ -148,10 +151,13 @@ class NeffCache:
     def __init__(self) -> None:
         self.memory: dict[str, Any] = {}
         self._private_tmp: Path | None = None
+        self._unwritable: Path | None = None  # a cache a write failed in: not used again
 
     # ---- where things go -------------------------------------------------------------
     def state(self) -> State:
         if disabled():
+            return State("off")
+        if self._unwritable is not None and self._unwritable == cache_dir():
             return State("off")
         root = cache_dir()
         problem = private_dir(root, "TORCH_NEURONX_NEFF_CACHE_DIR")
@@ -169,6 +175,23 @@ class NeffCache:
         _warn_once(f"neuron compile cache {root} is read-only and empty; compiling without "
                    "a persistent cache.")
         return State("off")
+
+    def give_up(self, err: BaseException, state: State) -> bool:
+        """Whether `err` is the cache failing to be written (a full or read-only disk, a
+        folder this user cannot write): then the cache is off for this process, with one
+        warning, and the caller compiles without it. A compile never fails for its cache."""
+        if state.root is None:
+            return False
+        seen: BaseException | None = err
+        while seen is not None and not (isinstance(seen, OSError) and seen.errno in _CANNOT_WRITE):
+            seen = seen.__cause__ or seen.__context__
+        if seen is None:
+            return False
+        self._unwritable = state.root
+        _warn_once(f"neuron compile cache {state.root} cannot be written ({seen.strerror or seen}"
+                   "); compiling without the persistent cache in this process. Free space "
+                   "there or set TORCH_NEURONX_NEFF_CACHE_DIR to a writable directory.")
+        return True
 
     def private_tmp(self) -> Path:
         """A directory only this process uses, for compiles that must not be cached."""
@@ -307,8 +330,12 @@ class NeffCache:
         files = {str(p.relative_to(root)): _sha256(p) for p in new}  # type: ignore[arg-type]
         entry = {"format": FORMAT, "key": key, "graph_name": graph_name, "files": files,
                  "created": time.time()}
-        write_private(self.entry_path(state.root, key),  # type: ignore[arg-type]
-                      json.dumps(entry, indent=1))
+        try:
+            write_private(self.entry_path(state.root, key),  # type: ignore[arg-type]
+                          json.dumps(entry, indent=1))
+        except OSError as err:
+            if not self.give_up(err, state):
+                raise
 
     def mark(self, key: str, graph_name: str) -> str:
         """"hit" when `key` has an entry (this process or on disk), else records one and says
@@ -352,9 +379,37 @@ def header_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"neuron_headers_{_user()}"
 
 
+_compiler_tmp: Path | None = None
+
+
+def compiler_tmp() -> Path | None:
+    """The C++ compiler's TMPDIR for this process: `neuron_cc_tmp_<user>/<pid>` (private,
+    removed at exit). g++ killed with this process (kill -9) cannot remove its temporaries,
+    so the first compile of each process also removes the folders of processes that are
+    gone. None (the compiler's default) when the parent folder cannot be used."""
+    global _compiler_tmp
+    if _compiler_tmp is not None and _compiler_tmp.is_dir():
+        return _compiler_tmp
+    root = Path(tempfile.gettempdir()) / f"neuron_cc_tmp_{_user()}"
+    if private_dir(root, "the compiler's temporary folder"):
+        return None
+    for old in root.iterdir():
+        if old.name.isdigit() and not os.path.exists(f"/proc/{old.name}"):
+            shutil.rmtree(old, ignore_errors=True)
+    mine = root / str(os.getpid())
+    with contextlib.suppress(FileExistsError):
+        mine.mkdir(mode=0o700)
+    import atexit
+
+    atexit.register(shutil.rmtree, mine, True)
+    _compiler_tmp = mine
+    return mine
+
+
 class _CompilerProcesses(types.ModuleType):
     """`subprocess` as Inductor's C++ builder sees it during a neuron compile: g++ is killed
-    when this process dies (kill -9 included) instead of running on orphaned."""
+    when this process dies (kill -9 included) instead of running on orphaned, and keeps its
+    temporaries in `compiler_tmp()`, where the next process removes what it left."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
@@ -362,6 +417,10 @@ class _CompilerProcesses(types.ModuleType):
     @staticmethod
     def run(*args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("preexec_fn", killed_with_parent)
+        tmp = compiler_tmp()
+        if tmp is not None:
+            env = kwargs.get("env")
+            kwargs["env"] = {**(os.environ if env is None else env), "TMPDIR": str(tmp)}
         return subprocess.run(*args, **kwargs)
 
 
@@ -424,8 +483,9 @@ def inductor_dirs(cache: NeffCache, state: State, cacheable: bool) -> Iterator[N
 
 
 def graph_key(code: str, inputs_meta: list[Any], extra: dict[str, Any]) -> str:
-    """Hash of the graph code, the input metadata and the versions that affect codegen
-    (lowering fixes included: an entry compiled before a fix is never looked up)."""
+    """Hash of the graph (`fingerprint.graph_text`), the input metadata and the versions
+    that affect codegen (lowering fixes included: an entry compiled before a fix is never
+    looked up)."""
     import torch
 
     from neuronlocal.core import VERSION

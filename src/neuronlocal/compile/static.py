@@ -29,7 +29,14 @@ from torch import fx
 from neuronlocal import _C
 from neuronlocal.compile.aot import autocopied, compile_parts
 from neuronlocal.compile.bridge import CompiledGraph, output_devices
-from neuronlocal.compile.cache import NeffCache, add_compiled_cache_key, graph_key, inductor_dirs
+from neuronlocal.compile.cache import (
+    NeffCache,
+    State,
+    add_compiled_cache_key,
+    graph_key,
+    inductor_dirs,
+)
+from neuronlocal.compile.fingerprint import graph_text
 from neuronlocal.compile.flex import decompose as decompose_flex
 from neuronlocal.compile.lowering import lowering_fixes, optlevel_patches, stock_compile_fx
 from neuronlocal.core import dynamo_metrics as metrics
@@ -250,7 +257,7 @@ def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, An
     moved = any(a is not b for a, b in zip(args, copies, strict=True))
     args = copies
     flags = {"grad": torch.is_grad_enabled(), "compiler": "eager"}
-    key = graph_key(gm.code, [_meta(x) for x in args], flags)
+    key = graph_key(graph_text(gm), [_meta(x) for x in args], flags)
     start = time.perf_counter()
     try:
         fn, parts = compile_parts(gm, args)
@@ -267,6 +274,23 @@ def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, An
         return fn(*autocopied(call_args))
 
     return estimate_capture.attach(gm, args, run if moved else fn)
+
+
+def _compile_cached(key: str, name: str, state: State, cpu_gm: fx.GraphModule,
+                    examples: list[Any], patches: dict[str, Any], grad: bool
+                    ) -> tuple[Callable[..., Any], str]:
+    """Compiles `cpu_gm` with Inductor, through the persistent cache as `state` allows;
+    returns the compiled function and "hit" or "miss"."""
+    with _CACHE.claim(key, state) as entry:
+        cacheable = state.mode == "rw" or entry is not None
+        before = _CACHE.snapshot(state) if state.mode == "rw" and entry is None else None
+        hits = _cache_counters()
+        with inductor_dirs(_CACHE, state, cacheable), torch.set_grad_enabled(grad):
+            fn = _compile_cpu(cpu_gm, examples, patches)
+        cache_state = "miss" if _cache_counters() == hits else "hit"
+        if before is not None:
+            _CACHE.store(key, name, before, state)
+    return fn, cache_state
 
 
 def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
@@ -287,23 +311,22 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     flags: dict[str, Any] = {"grad": grad, "patches": repr(sorted((patches or {}).items()))}
     if not autograd:  # a part of a desugared graph: its bridge never enters autograd
         flags["bridge"] = "plain"
-    key = graph_key(cpu_gm.code, [_meta(x) for x in example_inputs], flags)
+    key = graph_key(graph_text(cpu_gm), [_meta(x) for x in example_inputs], flags)
     start = time.perf_counter()
     cache_state = "hit"
     compiled = _CACHE.memory.get(key)
     if compiled is None:
         state = _CACHE.state()
         try:
-            with _CACHE.claim(key, state) as entry:
-                cacheable = state.mode == "rw" or entry is not None
-                before = _CACHE.snapshot(state) if state.mode == "rw" and entry is None else None
-                hits = _cache_counters()
-                with inductor_dirs(_CACHE, state, cacheable), torch.set_grad_enabled(grad):
-                    fn = _compile_cpu(cpu_gm, examples, patches)
-                if _cache_counters() == hits:
-                    cache_state = "miss"
-                if before is not None:
-                    _CACHE.store(key, name, before, state)
+            try:
+                fn, cache_state = _compile_cached(key, name, state, cpu_gm, examples, patches,
+                                                  grad)
+            except Exception as err:
+                if not _CACHE.give_up(err, state):  # a cache that cannot be written: without
+                    raise
+                state = State("off")
+                fn, cache_state = _compile_cached(key, name, state, cpu_copy(gm), examples,
+                                                  patches, grad)
         except Exception as err:
             compile_failed(err, name, nodes, options)
             return gm.forward

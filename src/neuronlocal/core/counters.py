@@ -8,9 +8,11 @@ already count it, by `neuronlocal.report`, so nothing is counted twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -33,10 +35,33 @@ def current_rank() -> int:
             return dist.get_rank()
     except (ImportError, RuntimeError):
         pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
+    return launcher_count("RANK", 0, minimum=0)
+
+
+def world_size(default: int = 1) -> int:
+    """torchrun's WORLD_SIZE, or `default` when unset or unusable (see `launcher_count`)."""
+    return launcher_count("WORLD_SIZE", default, minimum=1)
+
+
+_said: set[str] = set()
+
+
+def launcher_count(name: str, default: int, minimum: int) -> int:
+    """A whole number a launcher sets (RANK, WORLD_SIZE): `default` when unset; a value that
+    is not a whole number >= `minimum` warns once, naming it, and counts as `default`, so a
+    run still gets its report."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    with contextlib.suppress(ValueError):
+        if (value := int(raw)) >= minimum:
+            return value
+    if name not in _said:
+        _said.add(name)
+        warnings.warn(f"{name}={raw[:40]!r} is not a whole number >= {minimum}; neuronlocal "
+                      f"counts it as {default}. Set it to a number, or unset it (torchrun "
+                      "sets it for each rank).", stacklevel=2)
+    return default
 
 
 def record_collective(op: str, nbytes: int, rank: int | None = None,

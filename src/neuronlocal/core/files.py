@@ -6,7 +6,9 @@ other write); `write_private` replaces a file through a unique temporary in the 
 (`mkstemp`: new, 0600, never a planted name) and `os.replace` (which replaces a link
 planted at the name instead of writing through it); `read_bounded` and `load_json` read
 back what the tool wrote, refusing a link, a file over a size limit and JSON nested
-deeper than the parser can take (ValueError, which every reader already handles).
+deeper than the parser can take (ValueError, which every reader already handles);
+`read_input` and `load_input_json` read what a user names (a trace, a config.json) with the
+same bounds, never blocking on a FIFO or reading a device without end.
 """
 
 from __future__ import annotations
@@ -98,3 +100,53 @@ def load_json(data: bytes | str) -> Any:
 def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> Any:
     """`load_json(read_bounded(path, limit))`."""
     return load_json(read_bounded(path, limit))
+
+
+MAX_INPUT_DEPTH = 64  # nesting of a user's JSON (a config.json nests 3 or 4 deep)
+
+
+def read_input(path: str | Path, limit: int, what: str) -> bytes:
+    """The bytes of a file the user named, at most `limit`: a FIFO (which would block), a
+    device (/dev/zero never ends) or a folder is refused before anything is read. Every
+    problem is a ValueError whose one line names the file and what to give instead."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file; give {what}") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}; give {what}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file (a FIFO, a device or a folder); "
+                             f"give {what}")
+        if st.st_size > limit:
+            raise ValueError(f"{path} is over {limit / 2**20:g} MiB; give {what} under that")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} grew past {limit / 2**20:g} MiB while it was read")
+    return data
+
+
+def check_depth(value: Any, limit: int = MAX_INPUT_DEPTH) -> Any:
+    """`value`, when its lists and objects nest at most `limit` deep (ValueError past it:
+    code that walks it recursively would hit Python's recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                raise ValueError(f"JSON nested more than {limit} deep")
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return value
+
+
+def load_input_json(path: str | Path, limit: int, what: str) -> Any:
+    """A user's JSON file, read by `read_input` and checked by `check_depth`."""
+    data = read_input(path, limit, what)
+    try:
+        return check_depth(load_json(data.decode("utf-8")))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text; give {what}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({str(e)[:120]}); give {what}") from None

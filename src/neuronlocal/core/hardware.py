@@ -100,29 +100,32 @@ def host_memory_note(p: Profile) -> str | None:
 
 
 def parse_visible(raw: str, total: int) -> tuple[int, ...]:
-    """'0-3' / '2' / '0,2' -> core ids, validated against the instance's core count."""
+    """'0-3' / '2' / '0,2' -> core ids, validated against the instance's core count. Each
+    part is checked before a range is expanded, and messages quote at most the start of
+    the value: '0-99999999' is one short error, not a list of 10**8 cores."""
+    shown = repr(raw) if len(raw) <= 60 else repr(raw[:57] + "...")
+    name = f"NEURON_RT_VISIBLE_CORES={shown}"
     cores: list[int] = []
     for part in raw.split(","):
         part = part.strip()
         try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                cores.extend(range(lo, hi + 1))
-            else:
-                cores.append(int(part))
+            lo, hi = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part),) * 2
+            if hi < lo:
+                raise ValueError
         except ValueError:
-            raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} is not a list of cores: {part!r} "
-                              "is not a core id or range; use e.g. '0-3', '2' or '0,2'.") from None
-    bad = [c for c in cores if c < 0 or c >= total]
-    if bad:
-        raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} names core(s) {bad}, but the "
-                          f"emulated instance has {total} logical cores; use cores 0 to "
-                          f"{total - 1}, e.g. '0-{total - 1}'.")
+            raise ConfigError(f"{name} is not a list of cores: {part[:30]!r} is not a core id "
+                              "or range; use e.g. '0-3', '2' or '0,2'.") from None
+        if lo < 0 or hi >= total:
+            bad = lo if lo < 0 or lo >= total else hi
+            raise ConfigError(f"{name} names core(s) [{bad}], but the emulated instance has "
+                              f"{total} logical cores; use cores 0 to {total - 1}, e.g. "
+                              f"'0-{total - 1}'.")
+        cores.extend(range(lo, hi + 1))
+        if len(cores) > total:
+            break  # more cores than exist: some core is listed twice
     if len(set(cores)) != len(cores):
-        raise ConfigError(f"NEURON_RT_VISIBLE_CORES={raw!r} lists a core twice; use each core "
-                          f"once, from 0 to {total - 1}.")
+        raise ConfigError(f"{name} lists a core twice; use each core once, from 0 to "
+                          f"{total - 1}.")
     return tuple(cores)
 
 

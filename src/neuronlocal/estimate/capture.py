@@ -10,6 +10,7 @@ installed, so nothing is slowed down.
 
 from __future__ import annotations
 
+import collections
 import logging
 import statistics
 import time
@@ -83,12 +84,39 @@ def _graph_seconds(gid: int) -> float:
     return float(est.get("seconds", 0.0)) + float(est.get("backward_seconds", 0.0))
 
 
+class StepWindow:
+    """The step records of a run, bounded for any run length: the first HEAD and the last
+    TAIL steps are kept whole; every step is counted in `total` and summed in `sums`, so a
+    million-step run keeps a rank file of ~(HEAD + TAIL) records and says how many were
+    summarised."""
+
+    HEAD = 50
+    TAIL = 1000
+    SUMMED = ("host_s", "compile_s", "estimated_s", "eager_s", "graph_s", "eager_ops",
+              "eager_launches", "launch_s", "compiled_s", "graph_calls", "tensor_flops")
+
+    def __init__(self) -> None:
+        self.head: list[dict[str, Any]] = []
+        self.tail: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.TAIL)
+        self.total = 0
+        self.sums: dict[str, float] = dict.fromkeys(self.SUMMED, 0.0)
+
+    def append(self, step: dict[str, Any]) -> None:
+        self.total += 1
+        for k in self.SUMMED:
+            self.sums[k] += float(step.get(k, 0.0))
+        (self.head if len(self.head) < self.HEAD else self.tail).append(step)
+
+    def kept(self) -> list[dict[str, Any]]:
+        return [*self.head, *self.tail]
+
+
 class Capture:
     """Costs eager neuron ops and compiled-graph calls, step by step (optimizer steps)."""
 
     def __init__(self) -> None:
         self.counter = Counter(replace_attention=False, only_device="neuron")
-        self.steps: list[dict[str, Any]] = []
+        self.steps = StepWindow()
         self.calls: dict[int, list[float]] = {}  # graph_id -> [calls, host seconds], whole run
         self._step_calls: dict[int, int] = {}
         self._mark = time.perf_counter()
@@ -180,7 +208,7 @@ class Capture:
         est = eager + graphs
         # compile_s: the part of host_s spent compiling graphs (a first step that compiles
         # for minutes is not a slow step), so the report charts the two apart.
-        out = {"step": len(self.steps), "host_s": now - self._mark,
+        out = {"step": self.steps.total, "host_s": now - self._mark,
                "compile_s": min(now - self._mark, max(0.0, compiled - self._compile_mark)),
                "estimated_s": est,
                "band_s": [(roof + graphs) / (1 + w) + n * low,
@@ -225,15 +253,18 @@ class Capture:
         out: dict[str, Any] = {"instance": spec.name, "lnc": spec.lnc, "band": BAND,
                                "step_band": band_width("train"),
                                "held_out_median_error": HELD_OUT_MEDIAN_ERROR,
-                               "steps": list(self.steps), "graphs": graphs, "summary": None,
+                               "steps": self.steps.kept(), "graphs": graphs, "summary": None,
                                "not_estimated": self.not_estimated()}
-        if self.steps:
-            mid = sorted(self.steps, key=lambda s: s["estimated_s"])[(len(self.steps) - 1) // 2]
+        if self.steps.total:
+            kept = self.steps.kept()
+            mid = sorted(kept, key=lambda s: s["estimated_s"])[(len(kept) - 1) // 2]
             est = mid["estimated_s"]
-            host = statistics.median(s["host_s"] - s["compile_s"] for s in self.steps)
+            host = statistics.median(s["host_s"] - s["compile_s"] for s in kept)
             p = price(spec.name)
             per, low, high = eager_launch(FACTORS)
-            summary = {"steps": len(self.steps), "estimated_step_s": est,
+            summary = {"steps": self.steps.total, "steps_kept": len(kept),
+                       "steps_summarised": self.steps.total - len(kept),
+                       "totals": dict(self.steps.sums), "estimated_step_s": est,
                        "band_s": list(mid["band_s"]), "host_step_s": host,
                        "eager_launches": mid["eager_launches"],
                        "compiled_step_s": mid["compiled_s"],

@@ -147,9 +147,9 @@ def _group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int
                 return int(val.size())
             except Exception:  # noqa: BLE001
                 pass
-    import os
+    from neuronlocal.core.counters import world_size
 
-    return max(2, int(os.environ.get("WORLD_SIZE", "2") or 2))
+    return max(2, world_size(default=2))
 
 
 def collective_cost(name: str, nbytes: float, p: int) -> OpCost:

@@ -81,7 +81,7 @@ def headlines(rep: dict[str, Any]) -> list[str]:
                 f"(band {_band(s['band_s'])} ms, "
                 + ("launch cost assumed" if eager else f"x/÷{1 + e['step_band']:.2f}")
                 + f") vs {_ms(s['host_step_s'])} ms on this host (compiling excluded), "
-                f"median of {s['steps']} steps"
+                f"median of {_steps_used(s)}"
                 + ("" if eager or s["estimated_step_s"] >= CALIBRATED_MIN_S
                    else f" ({BELOW}: band not validated)"))
         if s.get("usd_per_hour") is not None:
@@ -106,6 +106,15 @@ def _eager_line(s: dict[str, Any], width: float) -> str:
             f"eager pays {s['eager_launches']} kernel launches per step at an assumed "
             f"{per * 1e6:.0f} us each (range {low * 1e6:.0f} us - {high * 1e3:.2f} ms; no "
             "published per-launch figure exists)")
+
+
+def _steps_used(summary: dict[str, Any]) -> str:
+    """Which steps a median rests on: all of them, or the window kept of a long run."""
+    n, gone = summary["steps"], summary.get("steps_summarised", 0)
+    if not gone:
+        return f"{n} steps"
+    return (f"the {summary['steps_kept']} steps kept of {n} (the first and the last; "
+            f"{gone} steps in between are summarised as totals only)")
 
 
 def _run_s(step: dict[str, Any]) -> float:

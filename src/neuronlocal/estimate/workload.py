@@ -10,7 +10,6 @@ with two layers and extrapolated to the full depth, which is exact for them and 
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from neuronlocal.core.files import load_input_json
 from neuronlocal.estimate.counting import Counter, Tally
 from neuronlocal.estimate.presets import PRESETS
 
@@ -106,9 +106,9 @@ def load_config(spec: str) -> Any:
     elif Path(spec).is_file() or Path(spec, "config.json").is_file():
         path = Path(spec) if Path(spec).is_file() else Path(spec, "config.json")
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise WorkloadError(f"cannot read {path}: {e}") from e
+            raw = load_input_json(path, 4 * 2**20, "a model's config.json")
+        except ValueError as e:
+            raise WorkloadError(str(e)) from None
     else:
         raise WorkloadError(f"{spec!r} is not a preset ({', '.join(PRESETS)}), a transformers "
                             "model type, or a config.json path.")
@@ -333,6 +333,13 @@ def _count(cfg: Any, mode: str, batch: int, seq: int, ctx: int, arch: str,
             p1 + (p2 - p1) * (units - 1))
 
 
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    """An error's first line, cut at `limit`: transformers' "Unrecognized configuration
+    class" lists every model type in 3 KB; the command's error stays one short line."""
+    text = (str(e).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def count(cfg: Any, mode: str, batch: int, seq: int, ctx: int = 0, arch: str = "causal-lm",
           dtype: torch.dtype = torch.bfloat16) -> Workload:
     """Counts one micro-batch: mode "train", "prefill", "decode" (one token, `ctx` cached) or
@@ -342,5 +349,5 @@ def count(cfg: Any, mode: str, batch: int, seq: int, ctx: int = 0, arch: str = "
             fwd, bwd, act, params = _count(cfg, mode, batch, seq, ctx, arch, dtype)
     except Exception as e:  # noqa: BLE001 - any model failure is a clear input error here
         raise WorkloadError(f"cannot run {type(cfg).__name__} on the meta device: "
-                            f"{type(e).__name__}: {e}") from e
+                            f"{type(e).__name__}: {_first_line(e)}") from e
     return Workload(fwd, bwd, act, shape(cfg, int(params)))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import linecache
 import logging
-import os
 import re
 import sys
 import time
@@ -212,7 +211,7 @@ def _breaks(captured: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _rank_world() -> tuple[int, int]:
-    return core_counters.current_rank(), int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return core_counters.current_rank(), core_counters.world_size()
 
 
 def counters() -> dict[str, int]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from neuronlocal.core.charts import COLORS, bar_chart, series_color
 from neuronlocal.core.pages import BASE_CSS, Folded, esc, fold, one_line
@@ -266,14 +267,15 @@ def sections(rep: dict[str, Any]) -> list[Section]:
 def _rich_table(c: Console, sec: Section) -> None:
     if not sec.rows:
         return
-    t = Table(title=sec.title, title_justify="left", show_edge=False, header_style="bold")
+    t = Table(title=Text(sec.title), title_justify="left", show_edge=False,
+              header_style="bold")
     for col in sec.columns:
-        t.add_column(col, overflow="fold")
+        t.add_column(Text(col), overflow="fold")
     for row in sec.rows[:sec.limit]:
-        t.add_row(*map(str, row))
+        t.add_row(*(Text(str(cell)) for cell in row))
     if len(sec.rows) > sec.limit:
-        t.add_row(*([f"... {len(sec.rows) - sec.limit} more (see report.html)"] + [""] *
-                    (len(sec.columns) - 1)))
+        t.add_row(*([Text(f"... {len(sec.rows) - sec.limit} more (see report.html)")] +
+                    [Text("")] * (len(sec.columns) - 1)))
     c.print(t)
 
 
@@ -282,30 +284,37 @@ PIPED_WIDTH = 200  # columns of the summary when stderr is a file or pipe (rich'
 
 def terminal(rep: dict[str, Any], console: Console | None = None) -> None:
     """The summary printed after a run: as wide as the terminal, or PIPED_WIDTH columns
-    when stderr is not one (a log file keeps whole reasons, not 80-column fragments)."""
+    when stderr is not one (a log file keeps whole reasons, not 80-column fragments).
+
+    Every string goes to rich as a Text, never as markup: argv, error messages, source
+    lines and op names hold text such as `[/INST]` that rich would read as a closing tag."""
     c = console or Console(stderr=True, width=None if sys.stderr.isatty() else PIPED_WIDTH)
+
+    def say(line: str, style: str = "") -> None:
+        c.print(Text(line, style=style))
+
     multi = len(rep["ranks"]) > 1
     first = rep["ranks"][0]
-    c.rule("[bold]neuronlocal run report")
-    c.print(f"script  {' '.join(first['run']['argv'])}\ninstance {first['instance']}   ranks "
-            f"{len(rep['ranks'])}/{rep['world_size']}   exit status {rep['exit_code']}   "
-            f"wall {max(r['run']['seconds'] for r in rep['ranks']):.1f}s\n{cache_line(rep)}")
+    c.rule(Text("neuronlocal run report", style="bold"))
+    say(f"script  {' '.join(map(str, first['run']['argv']))}\ninstance {first['instance']}   "
+        f"ranks {len(rep['ranks'])}/{rep['world_size']}   exit status {rep['exit_code']}   "
+        f"wall {max(r['run']['seconds'] for r in rep['ranks']):.1f}s\n{cache_line(rep)}")
     for line in headline(rep):
-        c.print(f"[yellow]! {line}")
+        say(f"! {line}", "yellow")
 
     for sec in sections(rep):
         if sec.title == ESTIMATE:
             for title, cols, rows in estimate_view.tables(rep):  # estimated Trainium time
                 _rich_table(c, Section(title, cols, rows))
             for line in estimate_view.headlines(rep):
-                c.print(f"[cyan]{line}")
+                say(line, "cyan")
         else:
             _rich_table(c, sec)
     for r in rep["ranks"]:
         ops = r["eager_ops"]
         top = ", ".join(f"{k} {v}" for k, v in list(ops.items())[:8])
-        c.print(f"{'rank ' + str(r['rank']) + ' ' if multi else ''}eager ops: "
-                f"{sum(ops.values())} calls of {len(ops)} ops" + (f" (top: {top})" if top else ""))
+        say(f"{'rank ' + str(r['rank']) + ' ' if multi else ''}eager ops: "
+            f"{sum(ops.values())} calls of {len(ops)} ops" + (f" (top: {top})" if top else ""))
 
 
 def text(rank_report: dict[str, Any]) -> str:

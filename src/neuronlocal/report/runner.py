@@ -19,7 +19,9 @@ import fcntl
 import glob
 import logging
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,7 @@ log = logging.getLogger("neuronlocal.report")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2)
 _FROM_TERMINAL = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_RANK_FILE = re.compile(r"rank(0|[1-9][0-9]{0,6})\.json")  # the names `write` gives
 
 
 class RunError(Exception):
@@ -165,6 +168,55 @@ def _remove_state(state: Path) -> None:
             p.unlink()
 
 
+def _started(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot), so a reused pid is another."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _agent() -> int:
+    """The torchrun agent that started this rank: the nearest ancestor whose environment
+    has no TORCHELASTIC_RUN_ID (a shell between torchrun and `neuronlocal run` inherits
+    it, torchrun itself does not). The parent when /proc cannot tell."""
+    pid = os.getppid()
+    for _ in range(16):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return os.getppid()
+        if b"\0TORCHELASTIC_RUN_ID=" not in b"\0" + env or _parent_of(pid) <= 1:
+            return pid
+        pid = _parent_of(pid)
+    return os.getppid()
+
+
+def _run_id() -> str:
+    """What names this job's rank files, unique to the job: the ranks' reports into one
+    folder merge only with files of the same id. torchrun's TORCHELASTIC_RUN_ID is "none"
+    for every job started with --master-port, and a fixed --rdzv-id repeats across jobs, so
+    on one node the id adds the torchrun agent (`_agent`: host, pid and start time).
+    Across nodes the agents differ, so the rendezvous (id, master address and port) has to
+    do."""
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not elastic:
+        return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    if os.environ.get("LOCAL_WORLD_SIZE", "") == os.environ.get("WORLD_SIZE", ""):
+        agent = _agent()
+        return f"{elastic}-{socket.gethostname()}-{agent}-{_started(agent)}"
+    return (f"{elastic}-{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+            f"-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+
+
 def run(args: list[str], module: str | None = None, report_dir: str | Path = "neuron_report",
         quiet: bool = False) -> int:
     """Runs `script args...` (or `-m module args...`) in a child; returns its exit status."""
@@ -175,7 +227,7 @@ def run(args: list[str], module: str | None = None, report_dir: str | Path = "ne
     except RunError as e:
         print(e, file=sys.stderr)
         return e.code
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or f"{os.getpid()}-{time.time():.0f}"
+    run_id = _run_id()
     state = out / f".state-{uuid.uuid4().hex}.json"
     cmd = [sys.executable, *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
            "-m", "neuronlocal.report.child", "--report", str(out), "--state", str(state),
@@ -210,11 +262,16 @@ def _locked(directory: Path) -> Iterator[None]:
 def merge_dir(directory: Path, run_id: str | None = None) -> dict[str, Any]:
     """Merges the rank<N>.json files of one run (`run_id`; None: all) into report.json/.html."""
     ranks = []
-    for p in sorted(directory.glob("rank*.json")):
+    for p in directory.glob("rank*.json"):
+        if not _RANK_FILE.fullmatch(p.name):  # a user's rankings.json is not a rank file
+            continue
         with contextlib.suppress(OSError, ValueError):
             r = read_json(p)
-            if run_id is None or r["run"].get("run_id") == run_id:
+            if isinstance(r, dict) and isinstance(r.get("run"), dict) and \
+                    isinstance(r.get("rank"), int) and \
+                    (run_id is None or r["run"].get("run_id") == run_id):
                 ranks.append(r)
+    ranks.sort(key=lambda r: r["rank"])
     rep = render.merge(ranks)
     write_private(directory / "report.json", render.to_json(rep))
     write_private(directory / "report.html", render.html_page(rep))
@@ -228,6 +285,14 @@ def write(directory: Path, rank_report: dict[str, Any], quiet: bool = False) -> 
     with _locked(directory):
         rep = merge_dir(directory, rank_report["run"].get("run_id"))
     if not quiet:
+        _summary(directory, rank, rep)
+    return rep
+
+
+def _summary(directory: Path, rank: int, rep: dict[str, Any]) -> None:
+    """Prints the summary of the report just written. It never raises: the report is on
+    disk, and the exit status stays the script's (a closed stderr, a rendering bug)."""
+    try:
         if rep["complete"]:
             render.terminal(rep)
             print(f"neuronlocal: report written to {directory}/report.html and report.json",
@@ -235,4 +300,7 @@ def write(directory: Path, rank_report: dict[str, Any], quiet: bool = False) -> 
         else:
             print(f"neuronlocal: rank {rank} report written to {directory}/rank{rank}.json "
                   f"({len(rep['ranks'])}/{rep['world_size']} ranks so far)", file=sys.stderr)
-    return rep
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        with contextlib.suppress(Exception):
+            print(f"neuronlocal: could not print the summary ({type(e).__name__}: {e}); the "
+                  f"report is in {directory}/report.html and report.json", file=sys.stderr)

@@ -47,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
+# Upper bounds of the numeric options: far past any real plan, short of a search that
+# never ends or a number JSON cannot print.
+MAX_BATCH, MAX_TP, MAX_GRAPHS, MAX_LEN = 4096, 1024, 256, 2**21
+MAX_COMPILE_MINUTES, MAX_REPLAY, MAX_REPLICAS = 10**4, 10**4, 1024
+_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+
+
 def _targets(args: argparse.Namespace, prefixed: bool = False) -> dict[str, float]:
     """The latency targets given, by name ('ttft_p99': seconds)."""
     names = [f"{k}_{q}" for k in ("ttft", "tpot") for q in ("p50", "p99")]
@@ -56,29 +63,39 @@ def _targets(args: argparse.Namespace, prefixed: bool = False) -> dict[str, floa
 
 def _problem(args: argparse.Namespace) -> str | None:
     checks = [
-        (args.batch < 1, f"--batch is {args.batch}; give at least 1"),
-        (args.tp < 1, f"--tp is {args.tp}; give at least 1"),
-        (args.replicas is not None and args.replicas < 1,
-         f"--replicas is {args.replicas}; give at least 1"),
-        (args.instances < 1, f"--instances is {args.instances}; give at least 1"),
-        (args.max_instances < 1, f"--max-instances is {args.max_instances}; give at least 1"),
+        (not 1 <= args.batch <= MAX_BATCH, f"--batch is {args.batch}; give 1 to {MAX_BATCH}"),
+        (not 1 <= args.tp <= MAX_TP, f"--tp is {args.tp}; give 1 to {MAX_TP}"),
+        (args.replicas is not None and not 1 <= args.replicas <= MAX_REPLICAS,
+         f"--replicas is {args.replicas}; give 1 to {MAX_REPLICAS}"),
+        (not 1 <= args.instances <= MAX_REPLICAS,
+         f"--instances is {args.instances}; give 1 to {MAX_REPLICAS}"),
+        (not 1 <= args.max_instances <= MAX_REPLICAS,
+         f"--max-instances is {args.max_instances}; give 1 to {MAX_REPLICAS}"),
         *((not (math.isfinite(v) and v > 0), f"--{k.replace('_', '-')} is {v}; give a "
            "positive number of seconds") for k, v in _targets(args, prefixed=True).items()),
         (args.price_per_hour is not None and not (math.isfinite(args.price_per_hour)
                                                   and args.price_per_hour >= 0),
          f"--price-per-hour is {args.price_per_hour}; give a price of 0 or more"),
-        (args.max_graphs is not None and args.max_graphs < 2,
-         f"--max-graphs is {args.max_graphs}; give at least 2 (one prefill and one decode "
-         "graph)"),
-        (args.max_len is not None and (args.max_len < 128 or args.max_len % 128),
-         f"--max-len is {args.max_len}; give a multiple of 128 (the bucket step)"),
+        (args.max_graphs is not None and not 2 <= args.max_graphs <= MAX_GRAPHS,
+         f"--max-graphs is {args.max_graphs}; give 2 (one prefill and one decode graph) to "
+         f"{MAX_GRAPHS}"),
+        (args.max_len is not None and (not 128 <= args.max_len <= MAX_LEN
+                                       or args.max_len % 128),
+         f"--max-len is {args.max_len}; give a multiple of 128 (the bucket step) up to "
+         f"{MAX_LEN}"),
         (args.compile_minutes is not None and not (math.isfinite(args.compile_minutes)
-                                                   and args.compile_minutes > 0),
-         f"--compile-minutes is {args.compile_minutes}; give a positive number"),
-        (args.replay is not None and args.replay < 1, f"--replay is {args.replay}; give the "
-         "number of requests to run, at least 1"),
+                                                   and 0 < args.compile_minutes
+                                                   <= MAX_COMPILE_MINUTES),
+         f"--compile-minutes is {args.compile_minutes}; give a positive number up to "
+         f"{MAX_COMPILE_MINUTES}"),
+        (args.replay is not None and not 1 <= args.replay <= MAX_REPLAY,
+         f"--replay is {args.replay}; give the number of requests to run, 1 to {MAX_REPLAY}"),
         (args.replay is not None and not Path(args.model, "config.json").is_file(),
          f"--replay needs a local model folder (save_pretrained) as MODEL, not {args.model!r}"),
+        (args.replay is not None and Path(args.model, "config.json").is_file()
+         and not any(any(Path(args.model).glob(w)) for w in _WEIGHTS),
+         f"--replay needs the model's weights in {args.model} (model.safetensors from "
+         "save_pretrained); the folder has only a config"),
     ]
     return next((msg for bad, msg in checks if bad), None)
 
@@ -329,6 +346,13 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                             args.max_graphs or f.baseline.graphs, _targets(args),
                             args.max_instances, usd, price_note, minutes)
     if args.replay:
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions",
+                                                                          None)
+        if limit and f.plan.tg[-1] > int(limit):
+            raise ValueError(f"--replay: the plan's longest bucket {f.plan.tg[-1]} is over the "
+                             f"model's {limit} positions; give --max-len {int(limit) // 128 * 128}"
+                             " or less")
         out["_replay"] = (trace.requests[: args.replay], f.plan, steps)
     return out
 
@@ -352,4 +376,11 @@ def run(args: argparse.Namespace) -> int:
         reqs, chosen, steps = out.pop("_replay")
         out["replay"] = replay(args.model, reqs, chosen.ctx, chosen.tg, steps)
     print(json.dumps(out, indent=1) if args.json else render(out))
+    r = out.get("replay")
+    if r is not None and (r["error"] or not r["requests"] or not r["outputs_match"]):
+        why = r["error"] or ("no request fitted the plan's buckets" if not r["requests"]
+                             else "outputs differ from the model on CPU")
+        print(f"error: the replay failed: {why} ({r['requests']} of {len(reqs)} requests "
+              "served)", file=sys.stderr)
+        return 1
     return 0

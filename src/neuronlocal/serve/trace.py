@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.core.files import check_depth, load_json, read_input
+
 MAX_BYTES = 64 * 2**20
 MAX_REQUESTS = 200_000
+MAX_TOKENS = 10**7  # per request: far past any model's positions
+MAX_ARRIVAL_S = 10**7  # about 116 days of traffic
 COLUMNS = ("prompt_tokens", "output_tokens")
 
 
@@ -39,12 +43,18 @@ class Trace:
 
 
 def _number(value: Any, column: str, where: str, integer: bool) -> float:
+    limit = MAX_TOKENS if integer else MAX_ARRIVAL_S
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TraceError(f"{where}: {column} is a {type(value).__name__}, not a number; write "
+                         "a number")
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise TraceError(f"{where}: {column} is {value!r}, not a number; write a number") from None
-    if not math.isfinite(x):
-        raise TraceError(f"{where}: {column} is {value!r}; write a finite number")
+        raise TraceError(f"{where}: {column} is {str(value)[:40]!r}, not a number; write a "
+                         "number") from None
+    if not math.isfinite(x) or x > limit:
+        raise TraceError(f"{where}: {column} is {str(value)[:40]!r}; write a finite number "
+                         f"up to {limit:g}")
     if x < 0:
         raise TraceError(f"{where}: {column} is {value!r}, negative; lengths and times are >= 0")
     if integer and x != int(x):
@@ -67,10 +77,29 @@ def _request(row: dict[str, Any], where: str) -> Request:
 
 
 def _from_report(data: dict[str, Any], name: str) -> Trace:
+    """The sequence lengths of a run report, each checked as a request's prompt length."""
     sizes: list[int] = []
-    for rank in data.get("ranks") or []:
-        for b in rank.get("bucket_suggestions") or []:
-            sizes += [int(s) for s in b.get("sizes", [])]
+    wrong = TraceError(f"{name}: not a run report (ranks[].bucket_suggestions[].sizes should "
+                       "list lengths); give report.json of `neuronlocal run`, or JSONL or CSV")
+    ranks = data.get("ranks") or []
+    if not isinstance(ranks, list):
+        raise wrong
+    for rank in ranks:
+        suggestions = rank.get("bucket_suggestions") or [] if isinstance(rank, dict) else None
+        if not isinstance(suggestions, list):
+            raise wrong
+        for b in suggestions:
+            found = b.get("sizes", []) if isinstance(b, dict) else None
+            if not isinstance(found, list):
+                raise wrong
+            for s in found:
+                n = int(_number(s, "a size", f"{name}: bucket_suggestions", True))
+                if n < 1:
+                    raise TraceError(f"{name}: bucket_suggestions: a size is {s!r}; a "
+                                     "sequence length is at least 1")
+                sizes.append(n)
+            if len(sizes) > MAX_REQUESTS:
+                raise TraceError(f"{name}: more than {MAX_REQUESTS:,} sizes; give a sample")
     if not sizes:
         raise TraceError(f"{name}: the run report saw no varying input length (no bucket "
                          "suggestion); give a JSONL or CSV trace")
@@ -87,7 +116,7 @@ def parse(text: str, name: str) -> Trace:
         raise TraceError(f"{name}: the trace is empty; give one request per line")
     if stripped.startswith("{"):
         try:
-            whole = json.loads(stripped)
+            whole = check_depth(load_json(stripped))
         except ValueError:
             whole = None
         if isinstance(whole, dict) and "ranks" in whole:
@@ -97,16 +126,21 @@ def parse(text: str, name: str) -> Trace:
             if not line.strip():
                 continue
             try:
-                rows.append((f"{name}:{i}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{name}:{i}: not JSON ({e.msg}); write one JSON object per "
+                rows.append((f"{name}:{i}", check_depth(load_json(line), 2)))
+            except ValueError as e:
+                why = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+                raise TraceError(f"{name}:{i}: not JSON ({why}); write one JSON object per "
                                  "line") from None
             if len(rows) > MAX_REQUESTS:
                 break
         source = "jsonl"
     else:
         reader = csv.DictReader(io.StringIO(text))
-        header = [h.strip() for h in reader.fieldnames or []]
+        try:
+            header = [h.strip() for h in reader.fieldnames or []]
+        except csv.Error as e:
+            raise TraceError(f"{name}:1: not a CSV header or JSON ({e}); write one JSON "
+                             "object per line, or a CSV file") from None
         missing = [c for c in COLUMNS if c not in header]
         if missing:
             raise TraceError(f"{name}: the CSV header has no {' or '.join(missing)} column; "
@@ -114,10 +148,14 @@ def parse(text: str, name: str) -> Trace:
                              "[,arrival_s]")
         reader.fieldnames = header
         rows = []
-        for i, r in enumerate(reader, 2):
-            rows.append((f"{name}:{i}", r))
-            if len(rows) > MAX_REQUESTS:
-                break
+        try:
+            for i, r in enumerate(reader, 2):
+                rows.append((f"{name}:{i}", r))
+                if len(rows) > MAX_REQUESTS:
+                    break
+        except csv.Error as e:
+            raise TraceError(f"{name}:{reader.line_num}: not a CSV row ({e}); write numbers "
+                             "separated by commas") from None
         source = "csv"
     if len(rows) > MAX_REQUESTS:
         raise TraceError(f"{name}: more than {MAX_REQUESTS:,} requests; give a sample of the "
@@ -134,16 +172,12 @@ def parse(text: str, name: str) -> Trace:
 
 
 def load(path: str) -> Trace:
-    """The trace in the file `path`, read up to MAX_BYTES."""
-    p = Path(path)
+    """The trace in the file `path`, read up to MAX_BYTES (core.files.read_input: never a
+    FIFO or a device)."""
     try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise TraceError(f"cannot read the trace {path}: {e.strerror or e}; give a readable "
-                         "JSONL or CSV file") from None
-    if len(raw) > MAX_BYTES:
-        raise TraceError(f"{path} is over {MAX_BYTES // 2**20} MiB; give a sample of the trace")
+        raw = read_input(Path(path), MAX_BYTES, "a JSONL or CSV trace (or a sample of it)")
+    except ValueError as e:
+        raise TraceError(f"cannot read the trace: {e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

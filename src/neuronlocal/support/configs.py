@@ -11,13 +11,13 @@ the field), else rejected naming the field. Every rejection is a `BadInput` (exi
 from __future__ import annotations
 
 import copy
-import json
 import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from neuronlocal.core.files import load_input_json
 from neuronlocal.estimate.workload import size_problem
 
 # Task -> the auto mapping AutoModelFor<Task> uses.
@@ -35,6 +35,7 @@ _ARCH_SUFFIXES = {
     "image-classification": ("ForImageClassification", "ForImageClassificationWithTeacher"),
 }
 _REPAIR_TRIES = 8
+MAX_CONFIG_BYTES = 4 * 2**20  # a config.json is a few KiB
 
 
 class BadInput(ValueError):
@@ -58,13 +59,9 @@ def default_config_path() -> Path:
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file.") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path}: cannot read it ({e}).") from e
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path}: not valid JSON ({e.msg} at line {e.lineno}).") from e
+        raw = load_input_json(path, MAX_CONFIG_BYTES, "a model's config.json")
+    except ValueError as e:
+        raise BadInput(f"{e}.") from None
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: a config.json holds one JSON object, this one holds a "
                        f"{type(raw).__name__}. Pass the model's config.json.")

@@ -209,7 +209,8 @@ def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int 
     for rank in chosen:
         print(f"neuronlocal dry run: rank {rank} of {world}", file=sys.stderr)
         with _environment(rank_env(rank, nproc, nnodes, run_id, steps, instance, master)):
-            codes.append(runner.run(args, module=module, report_dir=out, quiet=True))
+            codes.append(runner.run(args, module=module, report_dir=out, quiet=True,
+                                    run_id=run_id))
         if codes[-1] == 2 and not (out / f"rank{rank}.json").exists():
             return 2  # the script could not start (bad path): runner said why
     reps = []

@@ -218,8 +218,10 @@ def _run_id() -> str:
 
 
 def run(args: list[str], module: str | None = None, report_dir: str | Path = "neuron_report",
-        quiet: bool = False) -> int:
-    """Runs `script args...` (or `-m module args...`) in a child; returns its exit status."""
+        quiet: bool = False, run_id: str | None = None) -> int:
+    """Runs `script args...` (or `-m module args...`) in a child; returns its exit status.
+    `run_id`: the id of a job whose launcher names it (the dry run: one id for the ranks it
+    runs one after another); by default the id is derived from torchrun's environment."""
     try:
         target, argv = _target(args, module)
         out = Path(report_dir)
@@ -227,7 +229,7 @@ def run(args: list[str], module: str | None = None, report_dir: str | Path = "ne
     except RunError as e:
         print(e, file=sys.stderr)
         return e.code
-    run_id = _run_id()
+    run_id = run_id or _run_id()
     state = out / f".state-{uuid.uuid4().hex}.json"
     cmd = [sys.executable, *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
            "-m", "neuronlocal.report.child", "--report", str(out), "--state", str(state),

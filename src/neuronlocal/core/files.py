@@ -18,6 +18,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +78,24 @@ def read_bounded(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
     """The bytes of regular file `path`, at most `limit` (ValueError past it; OSError for a
     link or a missing file), checked before anything is read."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    return _read_regular(fd, limit, f"{path} is not a regular file",
+                         lambda size: f"{path} holds {size} bytes, more than the {limit} expected",
+                         f"{path} grew past {limit} bytes while it was read")
+
+
+def _read_regular(fd: int, limit: int, not_regular: str, too_big: Callable[[int], str],
+                  grew: str) -> bytes:
+    """Reads open `fd` (closing it) if it is a regular file of at most `limit` bytes, checked
+    before anything is read and again after (a file can grow while it is read)."""
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file")
+            raise ValueError(not_regular)
         if st.st_size > limit:
-            raise ValueError(f"{path} holds {st.st_size} bytes, more than the {limit} expected")
+            raise ValueError(too_big(st.st_size))
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise ValueError(f"{path} grew past {limit} bytes while it was read")
+        raise ValueError(grew)
     return data
 
 
@@ -115,17 +125,10 @@ def read_input(path: str | Path, limit: int, what: str) -> bytes:
         raise ValueError(f"{path}: no such file; give {what}") from None
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror or e}; give {what}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file (a FIFO, a device or a folder); "
-                             f"give {what}")
-        if st.st_size > limit:
-            raise ValueError(f"{path} is over {limit / 2**20:g} MiB; give {what} under that")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{path} grew past {limit / 2**20:g} MiB while it was read")
-    return data
+    return _read_regular(fd, limit, f"{path} is not a regular file (a FIFO, a device or a "
+                         f"folder); give {what}",
+                         lambda _: f"{path} is over {limit / 2**20:g} MiB; give {what} under that",
+                         f"{path} grew past {limit / 2**20:g} MiB while it was read")
 
 
 def check_depth(value: Any, limit: int = MAX_INPUT_DEPTH) -> Any:

@@ -54,11 +54,10 @@ MAX_COMPILE_MINUTES, MAX_REPLAY, MAX_REPLICAS = 10**4, 10**4, 1024
 _WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 
 
-def _targets(args: argparse.Namespace, prefixed: bool = False) -> dict[str, float]:
+def _targets(args: argparse.Namespace) -> dict[str, float]:
     """The latency targets given, by name ('ttft_p99': seconds)."""
     names = [f"{k}_{q}" for k in ("ttft", "tpot") for q in ("p50", "p99")]
-    return {f"slo_{n}" if prefixed else n: v for n in names
-            if (v := getattr(args, f"slo_{n}", None)) is not None}
+    return {n: v for n in names if (v := getattr(args, f"slo_{n}", None)) is not None}
 
 
 def _problem(args: argparse.Namespace) -> str | None:
@@ -71,8 +70,8 @@ def _problem(args: argparse.Namespace) -> str | None:
          f"--instances is {args.instances}; give 1 to {MAX_REPLICAS}"),
         (not 1 <= args.max_instances <= MAX_REPLICAS,
          f"--max-instances is {args.max_instances}; give 1 to {MAX_REPLICAS}"),
-        *((not (math.isfinite(v) and v > 0), f"--{k.replace('_', '-')} is {v}; give a "
-           "positive number of seconds") for k, v in _targets(args, prefixed=True).items()),
+        *((not (math.isfinite(v) and v > 0), f"--slo-{k.replace('_', '-')} is {v}; give a "
+           "positive number of seconds") for k, v in _targets(args).items()),
         (args.price_per_hour is not None and not (math.isfinite(args.price_per_hour)
                                                   and args.price_per_hour >= 0),
          f"--price-per-hour is {args.price_per_hour}; give a price of 0 or more"),
@@ -339,11 +338,12 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                     "vllm_neuron": configs.vllm_neuron(f.plan.ctx, f.plan.tg, args.batch),
                     "generate": configs.generate_snippet(f.plan.ctx, f.plan.tg)},
     }
-    if _targets(args):
+    targets = _targets(args)
+    if targets:
         from neuronlocal.serve.slo import search
 
         out["slo"] = search(trace.requests, cfg, args.instance, args.lnc, max_len,
-                            args.max_graphs or f.baseline.graphs, _targets(args),
+                            args.max_graphs or f.baseline.graphs, targets,
                             args.max_instances, usd, price_note, minutes)
     if args.replay:
         text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg

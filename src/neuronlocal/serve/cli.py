@@ -100,11 +100,9 @@ def _problem(args: argparse.Namespace) -> str | None:
 
 
 def _max_len(args: argparse.Namespace, requests: list[Any]) -> int:
-    from neuronlocal.serve.plan import round_up
+    from neuronlocal.serve.plan import default_max_len
 
-    if args.max_len is not None:
-        return int(args.max_len)
-    return round_up(max(r.prompt + r.output for r in requests))
+    return int(args.max_len) if args.max_len is not None else default_max_len(requests)
 
 
 def _position_note(cfg: Any, max_len: int) -> str:
@@ -217,11 +215,17 @@ def render(out: dict[str, Any]) -> str:
                   f"{_ms(r['estimated_tpot_ms']['p50'])}); outputs match the unpadded run: "
                   f"{r['outputs_match']}"]
         q = r["queueing_check"]
-        cells = [f"{k.upper()} {n}: measured {_ms(q[f'host_{k}_ms'][n])}, simulated "
-                 f"{_ms(q[f'simulated_{k}_ms'][n])} ({_pct(q['relative_error'][f'{k}_{n}'])})"
-                 for k in ("ttft", "tpot") for n in ("p50", "p99")]
-        lines.append("queueing check (arrivals rescaled to the host; simulation on the "
-                     "replay's measured step times): " + "; ".join(cells))
+        for mode, what in (("own_steps", "each request's own measured service"),
+                           ("bucket_medians", "one median step time per bucket")):
+            c = q[mode]
+            cells = [f"{k.upper()} {n}: measured {_ms(c[f'host_{k}_ms'][n])}, simulated "
+                     f"{_ms(c[f'simulated_{k}_ms'][n])} ({_pct(c['relative_error'][f'{k}_{n}'])})"
+                     for k in ("ttft", "tpot") for n in ("p50", "p99")]
+            lines.append(f"queueing check, simulation on {what} (goal within "
+                         f"{q['goal']:.0%}: {'met' if c['within_goal'] else 'NOT met'}): "
+                         + "; ".join(cells))
+        lines.append(f"host decode-step spread (slowest request's TPOT over the median's): "
+                     f"{_pct(q['host_tpot_spread'])}")
     return "\n".join(lines)
 
 

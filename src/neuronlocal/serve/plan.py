@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuronlocal.compile.bucketing import default_buckets, fit_buckets
-from neuronlocal.serve.sim import Curve, Sim, StepTimes, percentile, simulate
+from neuronlocal.serve.sim import Curve, Sim, StepTimes, kv_length, percentile, simulate
 from neuronlocal.serve.trace import Request
 
 STEP = 128
@@ -139,6 +139,16 @@ def _splits(ok: Sequence[Request], steps: StepTimes, max_ctx: int, max_len: int,
                      for t in tg_lists.values() if len(c) + len(t) <= limit),
                     key=lambda x: (x[0], x[1], x[2], x[3]))
     return ctx_lists, tg_lists, splits
+
+
+def default_max_len(requests: Sequence[Request]) -> int:
+    """--max-len's default, the largest token bucket: the smallest multiple of STEP holding
+    every request's static-cache `kv_length` (prompt padded to its baseline context bucket,
+    plus output), so the baseline serves the whole trace in every layout the plan prints,
+    `generate`'s (and the replay's) included, not only where the KV holds prompt + output."""
+    max_ctx = round_up(max(r.prompt for r in requests))
+    ctx = default_buckets(max_ctx, 128)
+    return round_up(max(kv_length(r, ctx, static_cache=True) for r in requests))
 
 
 def longest(requests: Sequence[Request], max_len: int) -> tuple[list[Request], int]:

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from neuronlocal.serve.sim import Curve, StepTimes, percentile, simulate
+from neuronlocal.serve.sim import Curve, StepTimes, kv_length, servable
 from neuronlocal.serve.trace import Request
+from neuronlocal.serve.validate import Served, check, ms
 
 CALIBRATION_RUNS = 3
 DECODE_TOKENS = 8  # decode steps a calibration run times, at least
@@ -44,11 +45,6 @@ class _Clock:
 
     def end(self) -> None:
         pass
-
-
-def _ms(values: list[float]) -> dict[str, float | None]:
-    return {q: None if (v := percentile(values, n)) is None else round(v * 1e3, 3)
-            for q, n in (("p50", 50), ("p99", 99))}
 
 
 def replay(folder: str, requests: Sequence[Request], ctx: list[int], tg: list[int],
@@ -98,16 +94,16 @@ def _serve(cpu: Any, generate: Any, requests: Sequence[Request], ctx: list[int],
     served: list[tuple[Request, int, int, torch.Tensor]] = []
     skipped = 0
     for r in requests:
-        b = bucket_for(r.prompt, ctx) if r.prompt <= ctx[-1] else None
-        if b is None or b + r.output > tg[-1]:
+        if not servable(r, ctx, tg, static_cache=True):
             skipped += 1  # generate's cache holds the padded prompt: no token bucket fits
             continue
-        served.append((r, b, bucket_for(b + r.output, tg), prompt(r.prompt)))
+        b = bucket_for(r.prompt, ctx)
+        size = bucket_for(kv_length(r, ctx, static_cache=True), tg)
+        served.append((r, b, size, prompt(r.prompt)))
     arrivals = _host_arrivals([r for r, *_ in served], [b for _, b, *_ in served],
                               [size for *_, size, _ in served], host)
-    ttft, tpot, outs, tails = [], [], [], []
-    prefills: dict[int, list[float]] = {}
-    decodes: dict[int, list[float]] = {}
+    outs: list[torch.Tensor] = []
+    done: list[Served] = []
     error = None
     with torch.compiler.set_stance("fail_on_recompile"):
         t0 = time.perf_counter()
@@ -120,59 +116,23 @@ def _serve(cpu: Any, generate: Any, requests: Sequence[Request], ctx: list[int],
                 break
             end = time.perf_counter()
             outs.append(tokens)
-            ttft.append(clock.times[0] - (t0 + a))
-            prefills.setdefault(b, []).append(clock.times[0] - start)
-            tails.append(end - clock.times[-1])
-            if len(clock.times) > 1:
-                tpot.append((clock.times[-1] - clock.times[0]) / (len(clock.times) - 1))
-                d = decodes.setdefault(size, [0.0, 0.0])
-                d[0] += clock.times[-1] - clock.times[0]
-                d[1] += len(clock.times) - 1
+            done.append(Served(Request(r.prompt, r.output, a), b, size, start - t0,
+                               tuple(t - t0 for t in clock.times), end - t0))
     after = dynamo_metrics.next_graph_id()
-    host = _measured(host, prefills, decodes)
     matches = [bool(torch.equal(tokens, cpu.generate(
         ids, max_new_tokens=r.output, min_new_tokens=r.output, do_sample=False)[0, r.prompt:]))
         for tokens, (r, *_, ids) in zip(outs, served, strict=False)]
-    done = [Request(r.prompt, r.output, a) for (r, *_), a in zip(served, arrivals, strict=False)
-            ][: len(outs)]
-    sim = simulate(done, ctx, tg, host) if done else None
-    check: dict[str, Any] = {"host_ttft_ms": _ms(ttft), "host_tpot_ms": _ms(tpot),
-             "simulated_ttft_ms": _ms(sim.ttft if sim else []),
-             "simulated_tpot_ms": _ms(sim.tpot if sim else []),
-             "host_prefill_ms": {b: round(host.prefill(b) * 1e3, 3) for b in host.prefill.xs},
-             "host_decode_ms": {s: round(host.decode(s) * 1e3, 3) for s in host.decode.xs},
-             "host_after_last_token_ms": _ms(tails),
-             "host_tpot_spread": None if not tpot or not statistics.median(tpot) else
-             round(max(tpot) / statistics.median(tpot) - 1, 4)}
-    check["relative_error"] = {f"{k}_{q}": _rel(check[f"simulated_{k}_ms"][q],
-                                                check[f"host_{k}_ms"][q])
-                               for k in ("ttft", "tpot") for q in ("p50", "p99")}
+    q = check(done, ctx, tg, host) if done else None
     return {"requests": len(matches), "skipped_no_bucket": skipped,
             "graphs_warmed": before - start_graphs,
             "token_buckets_warmed": warmed,
             "recompiles_after_warmup": after - before,
             "error": error, "outputs_match": bool(matches) and all(matches),
-            "host_ttft_ms": check["host_ttft_ms"], "host_tpot_ms": check["host_tpot_ms"],
-            "arrivals_s": [round(a, 6) for a in arrivals], "queueing_check": check,
-            "estimated_ttft_ms": _ms([steps.prefill(b) for _, b, *_ in served]),
-            "estimated_tpot_ms": _ms([steps.decode(size) for *_, size, _ in served])}
-
-
-def _measured(calibrated: StepTimes, prefills: dict[int, list[float]],
-              decodes: dict[int, list[float]]) -> StepTimes:
-    """Step times from the replay's own requests: per context bucket the mean time from
-    generate's call to the first token, per cache size the mean decode step (seconds over
-    steps), so the simulated replica does the work the host did; calibrated where no request
-    used a bucket."""
-    pre = {b: calibrated.prefill(b) for b in calibrated.prefill.xs}
-    dec = {s: calibrated.decode(s) for s in calibrated.decode.xs}
-    pre.update({b: statistics.fmean(v) for b, v in prefills.items()})
-    dec.update({s: t / n for s, (t, n) in decodes.items()})
-    return StepTimes(Curve(pre), Curve(dec), 1)
-
-
-def _rel(sim: float | None, measured: float | None) -> float | None:
-    return None if sim is None or not measured else round(sim / measured - 1, 4)
+            "host_ttft_ms": ms([d.ttft for d in done]),
+            "host_tpot_ms": ms([t for d in done if (t := d.tpot) is not None]),
+            "arrivals_s": [round(a, 6) for a in arrivals], "queueing_check": q,
+            "estimated_ttft_ms": ms([steps.prefill(b) for _, b, *_ in served]),
+            "estimated_tpot_ms": ms([steps.decode(size) for *_, size, _ in served])}
 
 
 def _calibrate(generate: Any, prompt: Any, ctx: list[int], tg: list[int]

@@ -368,9 +368,35 @@ def test_preset_builds_with_the_published_parameter_count(name):
 
 
 # Values of the models' published config.json files (Hugging Face repos meta-llama/
-# Llama-3.1-8B, Qwen/Qwen3-8B, Qwen/Qwen3-30B-A3B, openai/gpt-oss-20b,
-# mistralai/Mixtral-8x7B-v0.1).
+# Llama-3.1-8B, Llama-3.2-1B, Llama-3.2-3B, Llama-3.3-70B-Instruct, Qwen/Qwen3-8B,
+# Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, openai/gpt-oss-20b, openai/gpt-oss-120b,
+# mistralai/Mistral-7B-Instruct-v0.2, mistralai/Mixtral-8x7B-v0.1).
+_LLAMA3_POSITIONS = {"vocab_size": 128256, "max_position_embeddings": 131072,
+                     "num_key_value_heads": 8}
 PUBLISHED_CONFIGS = {
+    "llama-3.2-1b": {**_LLAMA3_POSITIONS, "hidden_size": 2048, "intermediate_size": 8192,
+                     "num_hidden_layers": 16, "num_attention_heads": 32, "head_dim": 64,
+                     "tie_word_embeddings": True,
+                     "rope": {"rope_type": "llama3", "factor": 32.0, "rope_theta": 500000.0}},
+    "llama-3.2-3b": {**_LLAMA3_POSITIONS, "hidden_size": 3072, "intermediate_size": 8192,
+                     "num_hidden_layers": 28, "num_attention_heads": 24, "head_dim": 128,
+                     "tie_word_embeddings": True,
+                     "rope": {"rope_type": "llama3", "factor": 32.0, "rope_theta": 500000.0}},
+    "llama-3.3-70b": {**_LLAMA3_POSITIONS, "hidden_size": 8192, "intermediate_size": 28672,
+                      "num_hidden_layers": 80, "num_attention_heads": 64,
+                      "rope": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}},
+    "qwen3-235b-a22b": {"hidden_size": 4096, "moe_intermediate_size": 1536,
+                        "num_hidden_layers": 94, "num_attention_heads": 64,
+                        "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+                        "vocab_size": 151936, "max_position_embeddings": 40960},
+    "gpt-oss-120b": {"hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+                     "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
+                     "num_experts_per_tok": 4, "vocab_size": 201088,
+                     "max_position_embeddings": 131072},
+    "mistral-7b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                   "max_position_embeddings": 32768, "sliding_window": None,
+                   "rope": {"rope_theta": 1000000.0}},
     "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                      "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
                      "max_position_embeddings": 131072, "tie_word_embeddings": False,

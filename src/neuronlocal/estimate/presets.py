@@ -78,9 +78,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "num_hidden_layers": 28, "num_attention_heads": 24,
                      "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
                      "tie_word_embeddings": True, **_llama3(32.0)},
+    # Mistral-7B v0.2 (the Instruct-v0.2 release): 32k positions, RoPE base 1e6, no
+    # sliding window (v0.1 had an 8k context and a 4,096-token window).
     "mistral-7b": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
                    "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "vocab_size": 32000, "sliding_window": None},
+                   "num_key_value_heads": 8, "vocab_size": 32000, "sliding_window": None,
+                   "max_position_embeddings": 32768, "rope_theta": 1000000.0},
     "mixtral-8x7b": {**_MIXTRAL, "hidden_size": 4096, "intermediate_size": 14336,
                      "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000,
                      "max_position_embeddings": 32768},

@@ -65,6 +65,24 @@ def test_cli_prints_the_answer_and_an_impossible_target(tmp_path, capsys):
     assert res["failure"].startswith("TTFT P99 fails first") and "x the target" in res["failure"]
 
 
+CONFIG_FIELDS = {"replicas", "instances", "capacity_rps", "arrival_rps", "saturated",
+                 "cost_per_hour", "cost_per_million_tokens"}
+
+
+def test_every_configuration_in_the_json_carries_capacity_and_cost(tmp_path, capsys):
+    """The plan, the baseline and both SLO answers each say replicas, instances, capacity,
+    arrival rate, saturation and cost; the search result is under "slo"."""
+    cfg, path = _files(tmp_path, 2_000.0)
+    code = main(["serve-plan", cfg, "--trace", path, "--slo-ttft-p99", "0.05", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    slo = res["slo"]
+    assert code == 0 and slo["met"]
+    for r in (res["plan"], res["baseline"], slo["best"], slo["powers_of_two"]):
+        assert CONFIG_FIELDS <= set(r), CONFIG_FIELDS - set(r)
+        assert r["arrival_rps"] == pytest.approx(2_000.0, rel=0.01) and not r["saturated"]
+        assert r["cost_per_hour"] == pytest.approx(35.76 * r["instances"])
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--slo-ttft-p99", "0"], "--slo-ttft-p99 is 0.0"),
     (["--slo-tpot-p50", "nan"], "--slo-tpot-p50 is nan"),

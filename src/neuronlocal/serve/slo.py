@@ -220,7 +220,9 @@ def _describe(t: _Tried, requests: Sequence[Request], usd: float | None, price_n
             "hbm_per_core_bytes": p.hbm, "hbm_core_bytes": p.per_core,
             "latency_ms": ms, "capacity_rps": round(cap.rps, 6),
             "arrival_rps": None if rate is None else round(rate, 6),
-            "utilisation": None if rate is None else round(rate / (replicas * cap.rps), 4),
+            "utilisation": None if rate is None or cap.rps <= 0 else
+            round(rate / (replicas * cap.rps), 4),
+            "saturated": rate is not None and rate >= replicas * cap.rps,
             "cost_per_hour": c.per_hour,
             "cost_per_million_tokens": None if c.per_million_output is None
             else round(c.per_million_output, 6)}

@@ -16,7 +16,7 @@ from neuronlocal.compile.bucketing import fit_buckets, suggest_buckets
 from neuronlocal.serve import configs
 from neuronlocal.serve import plan as P
 from neuronlocal.serve import trace as T
-from neuronlocal.serve.sim import Curve, StepTimes, percentile, simulate
+from neuronlocal.serve.sim import Curve, StepTimes, percentile, servable, simulate
 
 TINY = {"model_type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -98,9 +98,25 @@ def test_plan_is_never_worse_than_the_baseline(seed):
     for k in ("ttft_ms", "tpot_ms"):
         assert b[k]["p99"] is None or p[k]["p99"] <= b[k]["p99"] * (1 + 1e-9)
     assert p["unservable"] == b["unservable"] == 1
+    # generate's static cache holds the padded prompt: the plan drops no more there either
+    assert p["unservable_static_cache"] <= b["unservable_static_cache"]
     assert p["context_buckets"][-1] == b["context_buckets"][-1]
     assert p["token_buckets"][-1] == b["token_buckets"][-1] == max_len
     assert all(x % P.STEP == 0 for x in p["context_buckets"] + p["token_buckets"])
+
+
+@pytest.mark.parametrize("seed", [10, 11])
+def test_plan_pads_no_request_out_of_generates_cache(seed):
+    """Traces where the padding-cheapest fitted context buckets push a padded prompt + output
+    past the top token bucket (generate's static cache holds the padding), dropping requests
+    the baseline serves: such a plan is not chosen."""
+    rng = random.Random(seed)
+    reqs = long_tail(rng.randint(5, 120), seed, rate=rng.choice([None, 5.0, 50.0]))
+    max_len = P.round_up(max(r.prompt + r.output for r in reqs))
+    f = P.fit(reqs, steps(rng.choice([1, 4, 16])), max_len, None)
+    assert f.dominates and f.plan.static_unservable <= f.baseline.static_unservable
+    assert f.plan.static_unservable == sum(
+        not servable(r, f.plan.ctx, f.plan.tg, static_cache=True) for r in reqs)
 
 
 def test_max_graphs_is_a_hard_limit():

@@ -176,6 +176,8 @@ def render(out: dict[str, Any]) -> str:
         *((f"{k.split('_')[0].upper()} p50 / p99 (sim)", _lat(p, k), _lat(b, k))
           for k in ("ttft_ms", "tpot_ms")),
         ("unservable requests", str(p["unservable"]), str(b["unservable"])),
+        ("unservable in generate's cache", str(p["unservable_static_cache"]),
+         str(b["unservable_static_cache"])),
         ("$ per M out tokens (sim)", _usd(p["cost_per_million_tokens"], 3),
          _usd(b["cost_per_million_tokens"], 3)),
         ("cost (docs/serving.md)", f"{p['cost']:.4f}", f"{b['cost']:.4f}"),
@@ -255,6 +257,7 @@ def _dominates_unqueued(f: Any, sides: dict[str, dict[str, Any]]) -> bool:
     as they grow with the trace)."""
     p, b = f.plan, f.baseline
     return (p.graphs <= b.graphs and p.sim.unservable <= b.sim.unservable
+            and p.static_unservable <= b.static_unservable
             and p.sim.padding_fraction <= b.sim.padding_fraction + 1e-9
             and sides["plan"]["capacity_rps"] >= sides["baseline"]["capacity_rps"] * (1 - 1e-9))
 

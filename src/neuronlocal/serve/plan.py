@@ -13,7 +13,9 @@ For every number of buckets the fit takes the exact minimum-padding-cost list of
 (`bucketing.fit_buckets` on estimated step times) and, while SIM_BUDGET lasts, simulates the
 split of every graph count that the padding cost ranks first, each fitted list next to the
 baseline's other list, then the other splits; it keeps the lowest cost among those that
-are no worse than the baseline on graphs, padding fraction, p99 TTFT and p99 TPOT. The
+are no worse than the baseline on graphs, padding fraction, p99 TTFT and p99 TPOT, and
+serve as many requests in NxD Inference's layout and in `generate`'s static cache (whose
+padded prompts a coarser context bucket can push past the top token bucket). The
 baseline is itself a candidate, so the plan is never worse on any of them when the baseline
 fits in --max-graphs (the default).
 """
@@ -26,7 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuronlocal.compile.bucketing import default_buckets, fit_buckets
-from neuronlocal.serve.sim import Curve, Sim, StepTimes, kv_length, percentile, simulate
+from neuronlocal.serve.sim import (
+    Curve,
+    Sim,
+    StepTimes,
+    kv_length,
+    percentile,
+    servable,
+    simulate,
+)
 from neuronlocal.serve.trace import Request
 
 STEP = 128
@@ -60,6 +70,7 @@ class Result:
     requests: int
     compile_minutes: float
     replicas: int = 1
+    static_unservable: int = 0  # requests generate's static cache cannot hold (kv_length)
 
     @property
     def graphs(self) -> int:
@@ -83,13 +94,16 @@ class Result:
                 "warmup_band_s": [self.graphs * lo * 60, self.graphs * hi * 60],
                 "padding_fraction": round(s.padding_fraction, 6),
                 "kv_waste_fraction": round(s.kv_waste_fraction, 6),
-                **ms, "unservable": s.unservable, "padding_s": round(s.padding_s, 6),
+                **ms, "unservable": s.unservable,
+                "unservable_static_cache": self.static_unservable,
+                "padding_s": round(s.padding_s, 6),
                 "wasted_kv_s": round(s.wasted_kv_s, 6), "busy_s": round(s.busy_s, 6),
                 "makespan_s": round(s.makespan_s, 6), "cost": round(self.cost, 9)}
 
 
 def dominates(a: Result, b: Result) -> bool:
-    """`a` is no worse than `b` on graphs, padding fraction, p99 TTFT and p99 TPOT."""
+    """`a` is no worse than `b` on graphs, padding fraction, p99 TTFT and p99 TPOT, and
+    serves as many requests, in NxD Inference's layout and in `generate`'s static cache."""
     eps = 1e-9
 
     def le(x: float | None, y: float | None) -> bool:
@@ -99,7 +113,7 @@ def dominates(a: Result, b: Result) -> bool:
     return (a.graphs <= b.graphs and le(sa.padding_fraction, sb.padding_fraction)
             and le(percentile(sa.ttft, 99), percentile(sb.ttft, 99))
             and le(percentile(sa.tpot, 99), percentile(sb.tpot, 99))
-            and sa.unservable <= sb.unservable)
+            and sa.unservable <= sb.unservable and a.static_unservable <= b.static_unservable)
 
 
 def decode_lengths(requests: Sequence[Request], step: int = STEP) -> dict[int, float]:
@@ -187,8 +201,9 @@ def fit(requests: Sequence[Request], steps: StepTimes, max_len: int, max_graphs:
     n = len(requests)
 
     def run(ctx: list[int], tg: list[int]) -> Result:
+        static = sum(not servable(r, ctx, tg, static_cache=True) for r in requests)
         return Result(ctx, tg, simulate(requests, ctx, tg, steps, replicas), n,
-                      compile_minutes, replicas)
+                      compile_minutes, replicas, static)
 
     base = run(base_ctx, base_tg)
     limit = base.graphs if max_graphs is None else max_graphs

@@ -7,6 +7,7 @@ capacity.py says what a replica sustains against the arrival rate and what it co
 searches the cheapest rental meeting latency targets; plan.py fits the bucket lists (with
 `compile.bucketing.fit_buckets`) against the powers-of-two baseline; configs.py prints the
 plan for NxD Inference, vLLM-Neuron and transformers' generate; replay.py runs part of the
-trace on neuron with the plan and checks the simulation against it; cli.py is the command.
+trace on neuron with the plan; validate.py checks the simulation against such measured
+serving; cli.py is the command.
 docs/serving.md has the model.
 """

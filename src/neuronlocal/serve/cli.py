@@ -176,7 +176,7 @@ def render(out: dict[str, Any]) -> str:
         *((f"{k.split('_')[0].upper()} p50 / p99 (sim)", _lat(p, k), _lat(b, k))
           for k in ("ttft_ms", "tpot_ms")),
         ("unservable requests", str(p["unservable"]), str(b["unservable"])),
-        ("unservable in generate's cache", str(p["unservable_static_cache"]),
+        ("unservable, generate cache", str(p["unservable_static_cache"]),
          str(b["unservable_static_cache"])),
         ("$ per M out tokens (sim)", _usd(p["cost_per_million_tokens"], 3),
          _usd(b["cost_per_million_tokens"], 3)),

@@ -1,14 +1,16 @@
 """The queueing simulation checked against measured serving: the requests a replay served, as
-timed, go through `simulate` on step times taken from those same measurements, and the
-simulated TTFT and TPOT (p50, p99) are set next to the measured ones.
+timed, go through `simulate` with the replay's scheduler (one replica, batch 1, first come
+first served, each request decoding in its own static cache: `simulate(...,
+static_cache=True)`), at the replay's arrival times, and the simulated TTFT and TPOT (p50,
+p99) are set next to the measured ones.
 
-The step times are the medians of the replay's own samples, so one slow step (the host's
-noise) does not move a whole bucket: per context bucket the time from `generate`'s call to
-the first token (padding and the cache's reset are serving time), per static-cache size one
-decode step (the gap between two consecutive tokens), and the host's time after a request's
-last token until it takes the next one (`StepTimes.tail`). The simulation serves them with
-the replay's scheduler: one replica, batch 1, first come first served, each request decoding
-in its own static cache (`simulate(..., static_cache=True)`), at the replay's arrival times.
+Twice, on two sets of step times from the same measurements: each request's own service
+(`own_steps`; it checks the queue, the scheduler and its step counts while the host's speed
+drifts with other jobs), and one median per bucket (`host_steps`, the planner's abstraction;
+medians, so one slow step does not move a whole bucket): per context bucket the time from
+`generate`'s call to the first token (padding and the cache's reset are serving time), per
+static-cache size the gap between two consecutive tokens. Both carry the host's time after a
+request's last token until it takes the next one (`StepTimes.tail`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _tails(served: Sequence[Served]) -> list[float]:
     out = []
     for s, nxt in zip(served, [*served[1:], None], strict=True):
         waited = nxt is not None and nxt.request.arrival <= s.end
-        out.append((nxt.start if waited and nxt else s.end) - s.tokens[-1])
+        out.append((nxt.start if nxt is not None and waited else s.end) - s.tokens[-1])
     return out
 
 

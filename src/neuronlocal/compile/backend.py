@@ -4,8 +4,8 @@ TorchNeuron lowers each Dynamo graph to StableHLO and compiles it with neuronx-c
 graph compiles at its first call with one of three compilers (compile/static.py): the default
 runs AOTAutograd's graphs through the neuron eager path, `NEURONLOCAL_COMPILER=inductor`
 compiles stock Inductor CPU code run on zero-copy aliases, `tiered` starts as the default
-and switches to Inductor's code for graphs that keep being called (compile/tiered.py); graphs with tensor-subclass inputs
-(DTensor) are desugared first (compile/subclass.py).
+and switches to Inductor's code for graphs that keep being called (compile/tiered.py);
+graphs with tensor-subclass inputs (DTensor) are desugared first (compile/subclass.py).
 
 Trainium's rules: `dynamic=True` is rejected; every concrete shape compiles its own static
 graph. When Dynamo's automatic dynamic shapes (or `mark_dynamic`) hand the backend a

@@ -4,9 +4,10 @@ The parent hands a job (a graph's CPU copy, its inputs' layouts, the cache key, 
 patches) to one child at a time; the child compiles it through the persistent compile
 cache and exits, and the parent later loads the entry from that cache (compile/tiered.py).
 
-The child runs `python -m neuronlocal.compile.worker JOB` with the parent's environment,
-its thread count (Inductor's C++ code is built for it) and a cap on its memory (NEURONLOCAL_TIER_WORKER_MEMORY). It is killed
-when the parent dies (prctl) and at the parent's exit, so it never outlives or delays it.
+The child runs `python -m neuronlocal.compile.worker JOB PID` with the parent's environment
+(its thread count too: Inductor's C++ code is built for it) and a cap on its memory
+(NEURONLOCAL_TIER_WORKER_MEMORY). It is killed when the parent dies (prctl) and at the
+parent's exit, so it never outlives or delays it.
 Job files live in a folder only this user can read (created with mode 0700, never reused),
 and the child reads nothing else from it. A job that fails leaves its graph in the first
 tier: the parent logs one line with the child's last message.

@@ -142,3 +142,26 @@ def test_exit_kills_the_running_compile_and_removes_its_files():
     assert job.done.wait(60) and not job.ok
     assert child.wait(10) == -signal.SIGKILL  # killed while it started, not left running
     assert not folder.exists()
+
+
+@pytest.mark.slow  # a training graph's background compile: about a minute on two cores
+def test_training_across_the_switch_matches_cpu(monkeypatch):
+    monkeypatch.setenv("NEURONLOCAL_TIER_SWITCH", "3")
+    losses = {}
+    for device in ("cpu", "neuron"):
+        m = _model().to(device)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        step = torch.compile(lambda x, m=m: m(x).square().mean()) if device == "neuron" else \
+            (lambda x, m=m: m(x).square().mean())
+        x = torch.linspace(-2, 2, 8 * 16).reshape(8, 16).to(device)
+        out = []
+        for _ in range(5):
+            loss = step(x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        losses[device] = out
+    g = metrics.get_dynamo_metrics()["graphs"]
+    assert len(g) == 1 and g[0]["extra"]["tier_switched_at"] == 3, g
+    assert losses["neuron"] == pytest.approx(losses["cpu"], rel=1e-5)

@@ -18,6 +18,7 @@ intermediates are CPU memory of Inductor's code, as with NEURONLOCAL_COMPILER=in
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,6 +50,13 @@ def _input_specs(examples: Sequence[Any]) -> list[tuple[Any, ...]]:
     return out
 
 
+def _tensor_attributes(gm: fx.GraphModule) -> bool:
+    """Whether the graph (or a body of one of its higher-order ops) holds a tensor."""
+    return any(isinstance(v, torch.Tensor) for m in gm.modules() for v in vars(m).values()) or \
+        any(True for m in gm.modules() for _ in m.parameters(recurse=False)) or \
+        any(True for m in gm.modules() for _ in m.buffers(recurse=False))
+
+
 class TieredGraph:
     """One static graph under the tiered compiler: tier 1 from its first call, tier 2 from
     call `switch` (0: never)."""
@@ -62,6 +70,7 @@ class TieredGraph:
         self.switch = env_calls("NEURONLOCAL_TIER_SWITCH") if self.record is not None else 0
         self.calls = 0
         self.job: worker.Job | None = None
+        self.sent: bytes | None = None  # the pickled CPU graph the background compiler got
         self._tier({"tier": "eager", "tier_switch_at": self.switch or None})
 
     def _tier(self, facts: dict[str, Any]) -> None:
@@ -85,8 +94,17 @@ class TieredGraph:
         assert self.record is not None
         with _disable_current_modes():
             job = inductor_job(self.gm, args, self.options)
+        try:
+            self.sent = pickle.dumps(job.cpu_gm, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - some graphs cannot travel: they stay in tier 1
+            log.warning("neuron: %s stays in the first tier: it cannot be sent to the "
+                        "background compiler (%s: %s)", self.record.graph_name,
+                        type(e).__name__, str(e)[:200])
+            self._tier({"tier_error": f"not picklable: {type(e).__name__}: {e}"[:300]})
+            self.switch = 0
+            return
         self.job = worker.submit(self.record.graph_name, {
-            "key": job.key, "name": self.record.graph_name, "gm": job.cpu_gm,
+            "key": job.key, "name": self.record.graph_name, "gm": self.sent,
             "patches": job.patches, "grad": job.grad, "inputs": _input_specs(job.examples)})
 
     def _switch(self, args: Sequence[Any]) -> None:
@@ -99,6 +117,12 @@ class TieredGraph:
         waited = time.perf_counter() - start
         try:
             job = inductor_job(self.gm, args, self.options)
+            if self.sent is not None and not _tensor_attributes(job.cpu_gm):
+                # The very graph the child compiled (rebuilt from the same pickled code), so
+                # AOTAutograd's cache key is the child's too and its entry is a hit. Graphs
+                # with tensor attributes keep the fresh copy: its attributes alias the
+                # device tensors, the pickled ones are copies.
+                job.cpu_gm = pickle.loads(self.sent)  # noqa: S301 - our own bytes
             compiled, cache = inductor_graph(self.gm, args, name, job)
         except Exception as e:  # noqa: BLE001 - a failed switch never fails the step
             log.warning("neuron: %s stays in the first tier: Inductor failed (%s: %s)", name,

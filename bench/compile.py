@@ -14,6 +14,9 @@ Sides: `cpu-inductor` (plain PyTorch, backend inductor), `neuron` (the default c
 Afterwards, in new processes: a cold compile, then a warm one, of the warm-restart step
 with Inductor on neuron, with their cache states (a hit must never cost more than a miss).
 Run: python bench/compile.py [--rounds N] [--only NAME]
+     python bench/compile.py --time-to-n [--rounds R] [--steps 10,100,1000]  (bench/time_to_n.py:
+     process start to the end of step N for CPU eager, stock Inductor, the default and the
+     tiered compiler on the mid-size Llama)
 """
 
 from __future__ import annotations
@@ -128,6 +131,12 @@ def cold_vs_warm(args: Any) -> dict[str, Any]:
 
 
 def main() -> None:
+    if "--time-to-n" in sys.argv:
+        import time_to_n
+
+        sys.argv.remove("--time-to-n")
+        time_to_n.main()
+        return
     # One private cache folder for both sides and every process of this run, so each
     # process after the priming one starts warm, as a restarted job does.
     with tempfile.TemporaryDirectory(prefix="neuronlocal-bench-") as d:

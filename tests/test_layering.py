@@ -108,7 +108,7 @@ def test_checker_sees_an_upward_import(tmp_path: Path) -> None:
 # earlier stages (the package's __init__ sits above them all), so no import cycle can form,
 # through a function-level import either.
 COMPILE_STAGES = ["bucketing", "flex", "lowering", "fingerprint", "cache", "aot", "bridge",
-                  "static", "subclass", "backend", "inductor"]
+                  "static", "worker", "tiered", "subclass", "backend", "inductor"]
 COMPILE = SRC / "neuronlocal" / "compile"
 
 

@@ -1,10 +1,11 @@
 """torch.compile(backend="neuron"): Dynamo's graphs, compiled once per concrete shape.
 
 TorchNeuron lowers each Dynamo graph to StableHLO and compiles it with neuronx-cc. Here each
-graph compiles at its first call with one of two compilers (compile/static.py): the default
+graph compiles at its first call with one of three compilers (compile/static.py): the default
 runs AOTAutograd's graphs through the neuron eager path, `NEURONLOCAL_COMPILER=inductor`
-compiles stock Inductor CPU code run on zero-copy aliases; graphs with tensor-subclass inputs
-(DTensor) are desugared first (compile/subclass.py).
+compiles stock Inductor CPU code run on zero-copy aliases, `tiered` starts as the default
+and switches to Inductor's code for graphs that keep being called (compile/tiered.py);
+graphs with tensor-subclass inputs (DTensor) are desugared first (compile/subclass.py).
 
 Trainium's rules: `dynamic=True` is rejected; every concrete shape compiles its own static
 graph. When Dynamo's automatic dynamic shapes (or `mark_dynamic`) hand the backend a
@@ -29,6 +30,8 @@ from neuronlocal.compile.static import (
     on_neuron,
 )
 from neuronlocal.compile.subclass import compile_desugared, has_subclass
+from neuronlocal.compile.tiered import TieredGraph
+from neuronlocal.core import dryrun
 from neuronlocal.core import dynamo_metrics as metrics
 from neuronlocal.core.config import env_compiler, env_flag
 from neuronlocal.device import check_available
@@ -94,7 +97,10 @@ class _Specializer:
 
     def _compile(self, args: tuple[Any, ...]) -> Callable[..., Any]:
         kind = "specialized" if self.positions else "static"
-        if env_compiler() == "eager" and on_neuron(self.gm, args):
+        compiler = env_compiler()
+        if compiler != "inductor" and on_neuron(self.gm, args):
+            if compiler == "tiered" and not has_subclass(args) and not dryrun.enabled():
+                return TieredGraph(self.gm, args, self.options, kind, self.extra)
             return compile_eager(self.gm, args, self.options, kind, self.extra)
         if has_subclass(args):
             return compile_desugared(self.gm, args, self.options, kind, self.extra)

@@ -9,9 +9,10 @@ plain ops (its gpt-oss example lets neuron tensors past that check). Here:
   PyTorch's error ("FlexAttention is only supported on CUDA, CPU, HPU, or MPS devices"),
   which is TorchNeuron's behaviour too;
 - with the default compiler the `flex_attention` and `flex_attention_backward` operators of
-  AOTAutograd's graphs run their dense ATen implementation on the neuron tensors (scores,
-  score_mod and mask_mod applied to the score matrix, softmax, matmul), through the eager
-  path: op placement, CPU-fallback tracking, HBM;
+  AOTAutograd's graphs run PyTorch's dense ATen implementation on the neuron tensors one
+  block of query rows at a time (scores, score_mod and mask_mod applied to the block's
+  scores, softmax, matmul), through the eager path: op placement, CPU-fallback tracking,
+  HBM; memory grows with the block, not with seq^2 per head;
 - under `torch.autocast("neuron")` the operator casts query, key and value to the autocast
   dtype, as its CPU and CUDA autocast kernels do (PyTorch has none for PrivateUse1);
 - Inductor on CPU lowers FlexAttention for inference only, without the log-sum-exp, so the
@@ -107,6 +108,199 @@ def dense_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     return out, lse / math.log(2), scores.amax(dim=-1) / math.log(2)
 
 
+# fp32 bytes of one block's score matrix: a block of query rows is attended at a time, so
+# memory grows with rows x keys of a block (a few such tensors live at once), not seq^2.
+BLOCK_SCORE_BYTES = 32 * 2**20
+
+
+def block_rows(query: torch.Tensor, key: torch.Tensor, q_block: int = 128) -> int:
+    """Query rows per block: the most whose fp32 scores fit BLOCK_SCORE_BYTES (whole
+    multiples of the block mask's query block when more than one fits), at least one."""
+    per_row = max(1, query.size(0) * query.size(1) * key.size(-2) * 4)
+    rows = max(1, BLOCK_SCORE_BYTES // per_row)
+    return min(query.size(-2), rows if rows < q_block else rows // q_block * q_block)
+
+
+def _shift_score(fn: Callable[..., Any], q0: int, kv0: int) -> Callable[..., Any]:
+    """score_mod (score, b, h, q_idx, kv_idx, *buffers) of a block at row q0, key kv0."""
+    return lambda score, b, h, q, kv, *rest: fn(score, b, h, q + q0, kv + kv0, *rest)
+
+
+def _shift_mask(fn: Callable[..., Any], q0: int, kv0: int) -> Callable[..., Any]:
+    """mask_mod (b, h, q_idx, kv_idx, *buffers) of a block at row q0, key kv0."""
+    return lambda b, h, q, kv, *rest: fn(b, h, q + q0, kv + kv0, *rest)
+
+
+def _kv_span(block_mask: tuple[Any, ...], start: int, end: int, seq_kv: int
+             ) -> tuple[int, int]:
+    """The keys rows start..end can attend, from the block mask's sparse indices: the first
+    to the last key block any of them lists (a causal mask halves the work). All keys when
+    the mask's values are not known (a dry run computes none) or its layout is not known."""
+    from neuronlocal.core import dryrun
+
+    try:
+        kv_num, kv_idx, full_num, full_idx = block_mask[2:6]
+        q_block, kv_block = int(block_mask[-3]), int(block_mask[-2])
+        if dryrun.enabled() or not isinstance(kv_num, torch.Tensor):
+            return 0, seq_kv
+        rows = slice(start // q_block, (end - 1) // q_block + 1)
+        listed = []
+        for num, idx in ((kv_num, kv_idx), (full_num, full_idx)):
+            if isinstance(num, torch.Tensor) and isinstance(idx, torch.Tensor):
+                n, i = num[..., rows].cpu(), idx[..., rows, :].cpu()
+                listed.append(i[torch.arange(i.size(-1)) < n.unsqueeze(-1)])
+        blocks = torch.cat(listed)
+    except (TypeError, ValueError, IndexError, RuntimeError):
+        return 0, seq_kv
+    if blocks.numel() == 0:
+        return 0, min(seq_kv, kv_block)  # every row masked: one block gives -inf rows
+    return int(blocks.min()) * kv_block, min(seq_kv, (int(blocks.max()) + 1) * kv_block)
+
+
+def _blocks(query: torch.Tensor, key: torch.Tensor, block_mask: tuple[Any, ...]
+            ) -> list[tuple[int, int, int, int]]:
+    """(row start, row end, first key, key end) of each block of query rows."""
+    q_block = block_mask[-3] if isinstance(block_mask[-3], int) else 128
+    rows = block_rows(query, key, q_block)
+    seq_q, seq_kv = query.size(-2), key.size(-2)
+    return [(s, min(s + rows, seq_q), *_kv_span(block_mask, s, min(s + rows, seq_q), seq_kv))
+            for s in range(0, seq_q, rows)]
+
+
+def _shifted(block_mask: tuple[Any, ...], q0: int, kv0: int) -> tuple[Any, ...]:
+    return (*block_mask[:-1], _shift_mask(block_mask[-1], q0, kv0))
+
+
+def _block_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   score_mod: Callable[..., Any], mask_mod: Callable[..., Any], scale: float,
+                   score_buffers: tuple[Any, ...], mask_buffers: tuple[Any, ...]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block: (output, natural log-sum-exp, row max) as PyTorch's `math_attention`
+    computes them (fp32 scores, score_mod and mask_mod vmapped over the block's indices,
+    fully masked rows give zeros and -inf), in fewer passes over the block's scores."""
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    from torch.nn.attention.flex_attention import _vmap_for_bhqkv
+
+    group = query.size(1) // key.size(1)  # grouped-query attention: repeat the kv heads
+    key = key.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1)
+    value = value.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1)
+    work = torch.float64 if query.dtype == torch.float64 else torch.float32
+    scores = (query.to(work) @ key.to(work).transpose(-2, -1)).mul_(scale)
+    b, h, m, n = (torch.arange(x, device=scores.device) for x in scores.shape)
+    with TransformGetItemToIndex():
+        if score_mod is not _identity:
+            scores = _vmap_for_bhqkv(score_mod, prefix=(0,), suffix=(None,) * len(
+                score_buffers))(scores, b, h, m, n, *score_buffers)
+        keep = _vmap_for_bhqkv(mask_mod, prefix=(), suffix=(None,) * len(mask_buffers))(
+            b, h, m, n, *mask_buffers)
+    scores = scores.masked_fill_(~keep, -math.inf) if keep.shape == scores.shape else \
+        scores.masked_fill(~keep, -math.inf)
+    top = scores.amax(dim=-1, keepdim=True)
+    empty = top == -math.inf
+    weights = scores.sub_(top.masked_fill(empty, 0.0)).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    if work == query.dtype:
+        out = (weights @ value.to(work)).div_(total.masked_fill(empty, 1.0))
+    else:  # as math_attention: probabilities cast to the inputs' dtype, then the matmul
+        out = weights.div_(total.masked_fill(empty, 1.0)).to(query.dtype) @ value
+    lse = (top + total.log()).masked_fill(empty, -math.inf)
+    return out.to(query.dtype), lse.squeeze(-1), top.squeeze(-1)
+
+
+def _identity(score: torch.Tensor, *_: Any) -> torch.Tensor:
+    return score
+
+
+def _is_identity(fn: Callable[..., Any]) -> bool:
+    """Whether score_mod is FlexAttention's default (a graph returning its first input)."""
+    graph = getattr(fn, "graph", None)
+    if graph is None:
+        return False
+    nodes = list(graph.nodes)
+    placeholders = [x for x in nodes if x.op == "placeholder"]
+    outputs = [x for x in nodes if x.op == "output"]
+    return (len(nodes) == len(placeholders) + 1 and len(outputs) == 1 and bool(placeholders)
+            and outputs[0].args[0] is placeholders[0])
+
+
+def blockwise_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             score_mod: Callable[..., Any], block_mask: tuple[Any, ...],
+                             scale: float, kernel_options: dict[str, Any],
+                             score_mod_other_buffers: tuple[Any, ...] = (),
+                             mask_mod_other_buffers: tuple[Any, ...] = (),
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The `flex_attention` operator on neuron: PyTorch's dense computation, one block of
+    query rows at a time against the keys the block mask lets them see (score_mod and
+    mask_mod get the true indices), so no seq x seq score matrix per head is ever held and
+    masked-out key blocks cost nothing. Rows are independent and the keys left out are
+    masked, so the result is the dense one's."""
+    from torch._higher_order_ops.flex_attention import _permute_strides
+
+    plain = _is_identity(score_mod)
+    parts = [_block_forward(query[:, :, s:e], key[:, :, k0:k1], value[:, :, k0:k1],
+                            _identity if plain else _shift_score(score_mod, s, k0),
+                            _shift_mask(block_mask[-1], s, k0), scale,
+                            score_mod_other_buffers, mask_mod_other_buffers)
+             for s, e, k0, k1 in _blocks(query, key, block_mask)]
+    out, lse, top = (torch.cat([p[i] for p in parts], dim=2) if len(parts) > 1 else parts[0][i]
+                     for i in range(3))
+    # The operator's log-sum-exp and row max are in base 2 (its kernels compute in ln2 space).
+    return _permute_strides(out, query.stride()), lse / math.log(2), top / math.log(2)
+
+
+def _add(total: Any, part: Any) -> Any:
+    return part if total is None else total if part is None else total + part
+
+
+def blockwise_flex_attention_backward(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
+        logsumexp: torch.Tensor, grad_out: torch.Tensor | None,
+        grad_logsumexp: torch.Tensor | None, fw_graph: Callable[..., Any],
+        joint_graph: Callable[..., Any] | None, block_mask: tuple[Any, ...], scale: float,
+        kernel_options: dict[str, Any], score_mod_other_buffers: tuple[Any, ...],
+        mask_mod_other_buffers: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The `flex_attention_backward` operator on neuron: PyTorch's dense backward per block of
+    query rows and its keys (as the forward); the query gradient is the blocks' side by
+    side, the key, value and captured-buffer gradients their sums."""
+    from torch._higher_order_ops.flex_attention import sdpa_dense_backward
+
+    grads_q = []
+    grad_k, grad_v = torch.zeros_like(key), torch.zeros_like(value)
+    grad_buffers: list[Any] | None = None
+    for s, e, k0, k1 in _blocks(query, key, block_mask):
+        gq, gk, gv, gb = sdpa_dense_backward(
+            query[:, :, s:e], key[:, :, k0:k1], value[:, :, k0:k1], out[:, :, s:e],
+            logsumexp[:, :, s:e], None if grad_out is None else grad_out[:, :, s:e],
+            None if grad_logsumexp is None else grad_logsumexp[:, :, s:e],
+            _shift_score(fw_graph, s, k0),
+            None if joint_graph is None else _shift_score(joint_graph, s, k0),
+            _shifted(block_mask, s, k0), scale, kernel_options, score_mod_other_buffers,
+            mask_mod_other_buffers)
+        grads_q.append(gq)
+        grad_k[:, :, k0:k1] += gk
+        grad_v[:, :, k0:k1] += gv
+        grad_buffers = list(gb) if grad_buffers is None else \
+            [_add(a, b) for a, b in zip(grad_buffers, gb, strict=True)]
+    grad_q = torch.cat(grads_q, dim=2) if len(grads_q) > 1 else grads_q[0]
+    return grad_q, grad_k, grad_v, tuple(grad_buffers or ())
+
+
+def _blockwise_kernels(hop_mod: ModuleType) -> None:
+    """Neuron's kernels of the two operators: the blockwise forms above (PyTorch's
+    CompositeExplicitAutograd kernels would hold the whole score matrix)."""
+    from torch._C import DispatchKey
+
+    for op, fn in ((hop_mod.flex_attention, blockwise_flex_attention),
+                   (hop_mod.flex_attention_backward, blockwise_flex_attention_backward)):
+        if DispatchKey.PrivateUse1 not in op.py_kernels:
+            op.py_impl(DispatchKey.PrivateUse1)(fn)
+
+
+def _operator_kernels(hop_mod: ModuleType) -> None:
+    _autocast_kernel(hop_mod)
+    _blockwise_kernels(hop_mod)
+
+
 def decompose(graph: fx.Graph) -> None:
     """Replaces every `flex_attention` operator of `graph` by `dense_flex_attention`."""
     for node in graph.nodes:
@@ -118,4 +312,4 @@ def register() -> None:
     """Lets neuron inputs past FlexAttention's device check under Dynamo, and gives the
     operator its autocast kernel, when (or if) the modules are imported."""
     patching.after_import("torch.nn.attention.flex_attention", _allow_compiled)
-    patching.after_import("torch._higher_order_ops.flex_attention", _autocast_kernel)
+    patching.after_import("torch._higher_order_ops.flex_attention", _operator_kernels)

@@ -21,6 +21,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -293,16 +294,21 @@ def _compile_cached(key: str, name: str, state: State, cpu_gm: fx.GraphModule,
     return fn, cache_state
 
 
-def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
-                   kind: str = "static", extra: dict[str, Any] | None = None,
-                   autograd: bool = True) -> Callable[..., Any]:
-    """Compiles one static graph (or takes it from the cache) and records its metrics.
-    `autograd=False`: the caller (AOTAutograd's runtime) handles gradients, so the graph
-    compiles for inference and the bridge stays out of autograd."""
-    graph_id = metrics.next_graph_id()
-    name = _graph_name(gm, options.get("model_name") or metrics.get_model_name(), graph_id)
-    nodes = len(gm.graph.nodes)
-    to_neuron = output_devices(gm)
+@dataclass
+class InductorJob:
+    """What Inductor compiles for one static graph: its CPU copy, CPU example inputs, the
+    config patches and grad mode, and the persistent-cache key they make."""
+
+    key: str
+    cpu_gm: fx.GraphModule
+    examples: list[Any]
+    patches: dict[str, Any]
+    grad: bool
+
+
+def inductor_job(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
+                 autograd: bool = True) -> InductorJob:
+    """The Inductor compile of `gm` for these inputs, before it runs (see InductorJob)."""
     cpu_gm = cpu_copy(gm)
     examples = [_example(x, autograd) for x in example_inputs]
     # The optimisation level's settings, then the caller's own (mode, options) over them.
@@ -312,30 +318,58 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
     if not autograd:  # a part of a desugared graph: its bridge never enters autograd
         flags["bridge"] = "plain"
     key = graph_key(graph_text(cpu_gm), [_meta(x) for x in example_inputs], flags)
+    return InductorJob(key, cpu_gm, examples, patches, grad)
+
+
+def run_inductor_job(job: InductorJob, name: str, state: State | None = None) -> str:
+    """Compiles `job` through the persistent cache (the background compiler's entry point:
+    it fills the cache a later `inductor_graph` of the same graph loads from); "hit"/"miss"."""
+    return _compile_cached(job.key, name, state or _CACHE.state(), job.cpu_gm, job.examples,
+                           job.patches, job.grad)[1]
+
+
+def inductor_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
+                   job: InductorJob) -> tuple[Callable[..., Any], str]:
+    """`job` compiled (or taken from the memory or disk cache) and bridged to neuron: the
+    compiled function and "hit" or "miss". Raises what the compile raises."""
+    compiled = _CACHE.memory.get(job.key)
+    if compiled is not None:
+        return compiled, "hit"
+    state = _CACHE.state()
+    try:
+        fn, cache_state = _compile_cached(job.key, name, state, job.cpu_gm, job.examples,
+                                          job.patches, job.grad)
+    except Exception as err:
+        if not _CACHE.give_up(err, state):  # a cache that cannot be written: without
+            raise
+        state = State("off")
+        fn, cache_state = _compile_cached(job.key, name, state, cpu_copy(gm), job.examples,
+                                          job.patches, job.grad)
+    compiled = CompiledGraph(fn, output_devices(gm), example_inputs, job.grad)
+    if state.mode != "off":
+        _CACHE.memory[job.key] = compiled
+    return compiled, cache_state
+
+
+def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
+                   kind: str = "static", extra: dict[str, Any] | None = None,
+                   autograd: bool = True) -> Callable[..., Any]:
+    """Compiles one static graph (or takes it from the cache) and records its metrics.
+    `autograd=False`: the caller (AOTAutograd's runtime) handles gradients, so the graph
+    compiles for inference and the bridge stays out of autograd."""
+    graph_id = metrics.next_graph_id()
+    name = _graph_name(gm, options.get("model_name") or metrics.get_model_name(), graph_id)
+    nodes = len(gm.graph.nodes)
+    job = inductor_job(gm, example_inputs, options, autograd)
     start = time.perf_counter()
-    cache_state = "hit"
-    compiled = _CACHE.memory.get(key)
-    if compiled is None:
-        state = _CACHE.state()
-        try:
-            try:
-                fn, cache_state = _compile_cached(key, name, state, cpu_gm, examples, patches,
-                                                  grad)
-            except Exception as err:
-                if not _CACHE.give_up(err, state):  # a cache that cannot be written: without
-                    raise
-                state = State("off")
-                fn, cache_state = _compile_cached(key, name, state, cpu_copy(gm), examples,
-                                                  patches, grad)
-        except Exception as err:
-            compile_failed(err, name, nodes, options)
-            return gm.forward
-        compiled = CompiledGraph(fn, to_neuron, example_inputs, grad)
-        if state.mode != "off":
-            _CACHE.memory[key] = compiled
+    try:
+        compiled, cache_state = inductor_graph(gm, example_inputs, name, job)
+    except Exception as err:
+        compile_failed(err, name, nodes, options)
+        return gm.forward
     _record(gm, example_inputs, options, graph_id, name, time.perf_counter() - start,
-            cache_state, key, kind, {**(extra or {}), "compiler": "inductor"})
-    log.debug("compiled %s (%d nodes), cache %s\n%s", name, nodes, cache_state, cpu_gm.code)
+            cache_state, job.key, kind, {**(extra or {}), "compiler": "inductor"})
+    log.debug("compiled %s (%d nodes), cache %s\n%s", name, nodes, cache_state, job.cpu_gm.code)
     # The Trainium-time estimate of this graph goes on its record, and its calls are counted
     # while `neuronlocal run` or `check` captures (neuronlocal.estimate.capture).
     return estimate_capture.attach(gm, example_inputs, compiled)

@@ -27,7 +27,8 @@ class EnvVar:
     name: str
     default: str
     meaning: str
-    # How the value is checked: flag, size, level, seconds, count (a whole number), choice
+    # How the value is checked: flag, size, level, seconds, count (a whole number), calls
+    # (a whole number of calls), choice
     # (of `choices`), instance and cores (checked against the instance profile in
     # hardware.py), ccflags (compiler flags, whose optimisation level is checked), or text.
     kind: str = "text"
@@ -35,7 +36,7 @@ class EnvVar:
 
 
 PLACEMENTS = ("trainium", "native")
-COMPILERS = ("eager", "inductor")
+COMPILERS = ("eager", "inductor", "tiered")
 
 ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NEURONLOCAL_INSTANCE", "trn2.3xlarge",
@@ -105,7 +106,17 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "How compiled graphs run. `eager`: AOTAutograd's graphs run through the neuron eager "
            "path (a compile costs Dynamo's and AOTAutograd's trace, no C++ build). `inductor`: "
            "stock Inductor for CPU builds C++ (slow compiles, faster steady steps for long "
-           "runs; NEURON_CC_FLAGS' level picks its settings).", "choice", COMPILERS),
+           "runs; NEURON_CC_FLAGS' level picks its settings). `tiered`: `eager` first, stock "
+           "Inductor compiled in a background process for graphs called again, switched to "
+           "at call NEURONLOCAL_TIER_SWITCH (docs/compile.md).", "choice", COMPILERS),
+    EnvVar("NEURONLOCAL_TIER_SWITCH", "300",
+           "With NEURONLOCAL_COMPILER=tiered: the call of a graph (shape) from which it runs "
+           "Inductor's code, waiting for the background compile if it is not done (results "
+           "depend on call counts, never on timing); 0 never switches (a whole number).",
+           "calls"),
+    EnvVar("NEURONLOCAL_TIER_WORKER_MEMORY", "6GiB",
+           "The most memory (data segment) the tiered compiler's background process may use; "
+           "past it that compile fails and its graph stays in the first tier.", "size"),
     EnvVar("TORCH_NEURONX_LOG_LEVEL", "0", "3 prints debug logs of the backend.", "level"),
     EnvVar("NEURON_LAUNCH_BLOCKING", "1",
            "Accepted for compatibility; execution on the host is always synchronous.", "flag"),
@@ -221,6 +232,24 @@ def env_seconds(name: str) -> float:
     return parse_seconds(name, env_str(name) or _known(name).default)
 
 
+def env_size(name: str) -> int:
+    """A listed size in bytes (its table default when unset)."""
+    return parse_bytes(name, env_str(name) or _known(name).default)
+
+
+def parse_calls(name: str, raw: str) -> int:
+    text = raw.strip()
+    if not _INTEGER.fullmatch(text) or int(text) > 10**12:
+        raise ConfigError(f"{name}={raw!r} is not a call count; use a whole number such as "
+                          "300 (0 turns it off).")
+    return int(text)
+
+
+def env_calls(name: str) -> int:
+    """A listed call count (its table default when unset)."""
+    return parse_calls(name, env_str(name) or _known(name).default)
+
+
 def parse_level(name: str, raw: str) -> int:
     text = raw.strip()
     if not _INTEGER.fullmatch(text):
@@ -285,6 +314,8 @@ def _check(var: EnvVar, raw: str) -> None:
         parse_level(var.name, raw)
     elif var.kind == "ccflags":
         parse_optlevel(var.name, raw)
+    elif var.kind == "calls":
+        parse_calls(var.name, raw)
     elif var.kind == "count" and not _INTEGER.fullmatch(raw.strip()):
         raise ConfigError(f"{var.name}={raw!r} is not a number of cores; use a whole number "
                           "such as 1 or 4 (0 means all).")

@@ -42,6 +42,12 @@ def attach(gm: Any, example_inputs: Any, compiled: Callable[..., Any]) -> Callab
     except Exception as e:  # noqa: BLE001 - an estimate must never break a compile
         rec.estimate = {"not_estimated": f"{type(e).__name__}: {e}"[:300]}
         log.debug("no estimate for %s: %s", rec.graph_name, e)
+    return counted(rec, compiled)
+
+
+def counted(rec: Any, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """`compiled` wrapped to count its calls as calls of the graph of `rec` during a capture
+    (also for a graph's second compiled form: the tiered compiler's switch)."""
     gid = rec.graph_id
     _graphs[gid] = {"name": rec.graph_name, "record": rec}
 

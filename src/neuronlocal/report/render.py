@@ -200,6 +200,20 @@ class Section:
     limit: int = 25  # rows shown in the terminal (the page shows them all)
 
 
+def tier(graph: dict[str, Any]) -> str:
+    """Which compiler ran a graph's calls: its compiler, or the tiered compiler's switch."""
+    extra = graph.get("extra") or {}
+    if "tier" not in extra:
+        return str(extra.get("compiler", ""))
+    if extra["tier"] == "inductor":
+        return (f"eager, Inductor from call {extra['tier_switched_at']} "
+                f"(waited {extra.get('tier_wait_s', 0):.1f} s)")
+    if extra.get("tier_error"):
+        return f"eager (Inductor failed: {extra['tier_error'][:80]})"
+    at = extra.get("tier_switch_at")
+    return f"eager (switch at call {at} not reached)" if at else "eager"
+
+
 def sections(rep: dict[str, Any]) -> list[Section]:
     """Every table of the report, in page order (ESTIMATE marks where the estimate goes)."""
     ranks = rep["ranks"]
@@ -209,10 +223,10 @@ def sections(rep: dict[str, Any]) -> list[Section]:
     rc = ["rank"] if multi else []
     return [
         Section("Compiled graphs", rc + ["graph", "kind", "nodes", "input shapes", "dtypes",
-                                         "compile s", "cache"],
+                                         "compile s", "cache", "tier"],
                 [rk(r) + [g["graph_name"], g["kind"], g["node_count"],
                           _shapes(g["input_shapes"]), dtypes_summary(g["input_dtypes"]),
-                          f"{g['compile_seconds']:.2f}", g["cache"]]
+                          f"{g['compile_seconds']:.2f}", g["cache"], tier(g)]
                  for r in ranks for g in r["graphs"]], "no graphs compiled"),
         Section(ESTIMATE, [], []),
         Section("Recompilations", rc + ["graph", "function", "role", "kind", "cache", "cause",

@@ -7,7 +7,10 @@ auto-compiled by transformers (backend "neuron", dynamic=False). Sides:
   gets it (transformers compiles nothing on CPU by default);
 - `neuron-inductor` (NEURONLOCAL_COMPILER=inductor), against `cpu-inductor`: the CPU model
   compiled the same way with Inductor (CompileConfig(backend="inductor", dynamic=False),
-  `_compile_all_devices`).
+  `_compile_all_devices`);
+- `neuron-tiered` (NEURONLOCAL_COMPILER=tiered, NEURONLOCAL_TIER_SWITCH=16, so the warm-up
+  generation switches every graph), against `cpu` (goal >= 1.0) and `cpu-inductor` (goal
+  >= 0.95): the tiered compiler's steady decode.
 Ratios are speed-ups (tokens/s neuron / tokens/s CPU); goal for generate: >= 1.0.
 Afterwards, in one process: a 64-token generation after warm-up must compile no new graph,
 and neuron's tokens must equal CPU's; then where a decode step's time goes on each side
@@ -38,6 +41,8 @@ def _model(side: str, hidden: int, layers: int) -> Any:
 
     if side == "neuron-inductor":
         os.environ["NEURONLOCAL_COMPILER"] = "inductor"
+    if side == "neuron-tiered":
+        os.environ.update({"NEURONLOCAL_COMPILER": "tiered", "NEURONLOCAL_TIER_SWITCH": "16"})
     import torch
     from transformers import CompileConfig
 
@@ -78,6 +83,11 @@ def cases(quick: bool) -> list[Case]:
                  {**shape, "tokens": s["new"]}, Goal(">=", 1.0), sides=sides, speedup=True,
                  per_call=BATCH * s["new"], prime=True),
         ]
+    for base, goal in (("cpu", 1.0), ("cpu-inductor", 0.95)):
+        out.append(Case(f"generate {s['new']} tokens (tokens/s), tiered compiler / {base}",
+                        generate_setup, {**shape, "tokens": s["new"]}, Goal(">=", goal),
+                        sides=(base, "neuron-tiered"), speedup=True,
+                        per_call=BATCH * s["new"], prime=True))
     return out
 
 

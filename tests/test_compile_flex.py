@@ -219,9 +219,15 @@ def test_flex_attention_skips_the_key_blocks_the_mask_hides(monkeypatch, window)
     cpu = [torch.randn(1, h, 256, 8, requires_grad=True) for h in (4, 2, 2)]
     dev = [t.detach().to("neuron").requires_grad_() for t in cpu]
     mask = create_block_mask(visible, 1, None, 256, 256, device="neuron", BLOCK_SIZE=64)
-    spans = [(k0, k1) for _, _, k0, k1 in flex._blocks(dev[0], dev[1], mask.as_tuple())]
-    assert spans == ([(0, 64), (0, 128), (64, 192), (128, 256)] if window else
-                     [(0, 64), (0, 128), (0, 192), (0, 256)])
+    blocks = flex._blocks(dev[0], dev[1], mask.as_tuple())
+    assert [(x.k0, x.k1) for x in blocks] == (
+        [(0, 64), (0, 128), (64, 192), (128, 256)] if window else
+        [(0, 64), (0, 128), (0, 192), (0, 256)])
+    # mask_mod runs only on the diagonal key blocks (and the window's first); the others
+    # are full for every row
+    assert [x.masked for x in blocks] == (
+        [((0, 64),), ((0, 128),), ((64, 192),), ((128, 256),)] if window else
+        [((0, 64),), ((64, 128),), ((128, 192),), ((192, 256),)])
 
     def bias(score, b, h, q, kv):
         return score + (q - kv).to(score.dtype) * 0.1

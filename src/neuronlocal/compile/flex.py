@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -131,40 +132,76 @@ def _shift_mask(fn: Callable[..., Any], q0: int, kv0: int) -> Callable[..., Any]
     return lambda b, h, q, kv, *rest: fn(b, h, q + q0, kv + kv0, *rest)
 
 
-def _kv_span(block_mask: tuple[Any, ...], start: int, end: int, seq_kv: int
-             ) -> tuple[int, int]:
+@dataclass(frozen=True)
+class Block:
+    """One block of query rows: rows start..end attend keys k0..k1; `masked` lists the key
+    ranges (absolute, within k0..k1) where mask_mod must be applied: the others are key
+    blocks the block mask lists as full (every entry kept) for all of the block's rows."""
+
+    start: int
+    end: int
+    k0: int
+    k1: int
+    masked: tuple[tuple[int, int], ...]
+
+
+def _listed(num: Any, idx: Any, rows: slice) -> torch.Tensor | None:
+    """The key blocks the mask lists for these query blocks, as a (..., rows, blocks) bool
+    table, or None when that part of the mask is absent."""
+    if not isinstance(num, torch.Tensor) or not isinstance(idx, torch.Tensor):
+        return None
+    n, i = num[..., rows].cpu(), idx[..., rows, :].cpu().long()
+    keep = torch.arange(i.size(-1)) < n.unsqueeze(-1)
+    table = torch.zeros(*i.shape[:-1], max(i.size(-1), 1) + 1, dtype=torch.bool)
+    table.scatter_(-1, torch.where(keep, i, table.size(-1) - 1), True)
+    return table[..., :-1]
+
+
+def _span(block_mask: tuple[Any, ...], start: int, end: int, seq_kv: int) -> Block:
     """The keys rows start..end can attend, from the block mask's sparse indices: the first
-    to the last key block any of them lists (a causal mask halves the work). All keys when
-    the mask's values are not known (a dry run computes none) or its layout is not known."""
+    to the last key block any of them lists (a causal mask halves the work), and where the
+    mask must be applied. All keys, masked, when the mask's values are not known (a dry run
+    computes none) or its layout is not."""
     from neuronlocal.core import dryrun
 
+    whole = Block(start, end, 0, seq_kv, ((0, seq_kv),))
     try:
-        kv_num, kv_idx, full_num, full_idx = block_mask[2:6]
         q_block, kv_block = int(block_mask[-3]), int(block_mask[-2])
-        if dryrun.enabled() or not isinstance(kv_num, torch.Tensor):
-            return 0, seq_kv
+        if dryrun.enabled():
+            return whole
         rows = slice(start // q_block, (end - 1) // q_block + 1)
-        listed = []
-        for num, idx in ((kv_num, kv_idx), (full_num, full_idx)):
-            if isinstance(num, torch.Tensor) and isinstance(idx, torch.Tensor):
-                n, i = num[..., rows].cpu(), idx[..., rows, :].cpu()
-                listed.append(i[torch.arange(i.size(-1)) < n.unsqueeze(-1)])
-        blocks = torch.cat(listed)
+        some = _listed(block_mask[2], block_mask[3], rows)
+        full = _listed(block_mask[4], block_mask[5], rows)
     except (TypeError, ValueError, IndexError, RuntimeError):
-        return 0, seq_kv
-    if blocks.numel() == 0:
-        return 0, min(seq_kv, kv_block)  # every row masked: one block gives -inf rows
-    return int(blocks.min()) * kv_block, min(seq_kv, (int(blocks.max()) + 1) * kv_block)
+        return whole
+    if some is None:
+        return whole
+    seen = some if full is None else some | full
+    used = seen.flatten(0, -2).any(dim=0).nonzero().flatten().tolist()
+    if not used:  # every row masked: one masked block gives -inf rows
+        return Block(start, end, 0, min(seq_kv, kv_block), ((0, min(seq_kv, kv_block)),))
+    k0, k1 = used[0] * kv_block, min(seq_kv, (used[-1] + 1) * kv_block)
+    always = (full.flatten(0, -2).all(dim=0) if full is not None
+              else torch.zeros(seen.size(-1), dtype=torch.bool))
+    masked: list[tuple[int, int]] = []
+    for j in range(used[0], used[-1] + 1):
+        c0, c1 = j * kv_block, min(seq_kv, (j + 1) * kv_block)
+        if bool(always[j]) and c1 - c0 == kv_block:
+            continue
+        if masked and masked[-1][1] == c0:
+            masked[-1] = (masked[-1][0], c1)
+        else:
+            masked.append((c0, c1))
+    return Block(start, end, k0, k1, tuple(masked))
 
 
 def _blocks(query: torch.Tensor, key: torch.Tensor, block_mask: tuple[Any, ...]
-            ) -> list[tuple[int, int, int, int]]:
-    """(row start, row end, first key, key end) of each block of query rows."""
+            ) -> list[Block]:
+    """The blocks of query rows, with the keys each attends (see Block)."""
     q_block = block_mask[-3] if isinstance(block_mask[-3], int) else 128
     rows = block_rows(query, key, q_block)
     seq_q, seq_kv = query.size(-2), key.size(-2)
-    return [(s, min(s + rows, seq_q), *_kv_span(block_mask, s, min(s + rows, seq_q), seq_kv))
-            for s in range(0, seq_q, rows)]
+    return [_span(block_mask, s, min(s + rows, seq_q), seq_kv) for s in range(0, seq_q, rows)]
 
 
 def _shifted(block_mask: tuple[Any, ...], q0: int, kv0: int) -> tuple[Any, ...]:
@@ -173,11 +210,12 @@ def _shifted(block_mask: tuple[Any, ...], q0: int, kv0: int) -> tuple[Any, ...]:
 
 def _block_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    score_mod: Callable[..., Any], mask_mod: Callable[..., Any], scale: float,
-                   score_buffers: tuple[Any, ...], mask_buffers: tuple[Any, ...]
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   score_buffers: tuple[Any, ...], mask_buffers: tuple[Any, ...],
+                   block: Block) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One block: (output, natural log-sum-exp, row max) as PyTorch's `math_attention`
     computes them (fp32 scores, score_mod and mask_mod vmapped over the block's indices,
-    fully masked rows give zeros and -inf), in fewer passes over the block's scores."""
+    fully masked rows give zeros and -inf), in fewer passes over the block's scores: the
+    scale goes on the queries, mask_mod only where the block mask says it can hide keys."""
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
     from torch.nn.attention.flex_attention import _vmap_for_bhqkv
 
@@ -185,16 +223,22 @@ def _block_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     key = key.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1)
     value = value.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1)
     work = torch.float64 if query.dtype == torch.float64 else torch.float32
-    scores = (query.to(work) @ key.to(work).transpose(-2, -1)).mul_(scale)
-    b, h, m, n = (torch.arange(x, device=scores.device) for x in scores.shape)
+    scores = query.to(work) @ key.to(work).transpose(-2, -1)
+    scores.mul_(scale)
+    b, h, m = (torch.arange(x, device=scores.device) for x in scores.shape[:3])
     with TransformGetItemToIndex():
         if score_mod is not _identity:
-            scores = _vmap_for_bhqkv(score_mod, prefix=(0,), suffix=(None,) * len(
-                score_buffers))(scores, b, h, m, n, *score_buffers)
-        keep = _vmap_for_bhqkv(mask_mod, prefix=(), suffix=(None,) * len(mask_buffers))(
-            b, h, m, n, *mask_buffers)
-    scores = scores.masked_fill_(~keep, -math.inf) if keep.shape == scores.shape else \
-        scores.masked_fill(~keep, -math.inf)
+            n = torch.arange(scores.size(-1), device=scores.device)
+            scores = _vmap_for_bhqkv(_shift_score(score_mod, block.start, block.k0),
+                                     prefix=(0,), suffix=(None,) * len(score_buffers))(
+                scores, b, h, m, n, *score_buffers)
+        for c0, c1 in block.masked:
+            n = torch.arange(c1 - c0, device=scores.device)
+            keep = _vmap_for_bhqkv(_shift_mask(mask_mod, block.start, c0), prefix=(),
+                                   suffix=(None,) * len(mask_buffers))(b, h, m, n,
+                                                                       *mask_buffers)
+            cols = scores[..., c0 - block.k0:c1 - block.k0]
+            cols.masked_fill_((~keep).expand(cols.shape), -math.inf)
     top = scores.amax(dim=-1, keepdim=True)
     empty = top == -math.inf
     weights = scores.sub_(top.masked_fill(empty, 0.0)).exp_()
@@ -236,12 +280,11 @@ def blockwise_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     masked, so the result is the dense one's."""
     from torch._higher_order_ops.flex_attention import _permute_strides
 
-    plain = _is_identity(score_mod)
-    parts = [_block_forward(query[:, :, s:e], key[:, :, k0:k1], value[:, :, k0:k1],
-                            _identity if plain else _shift_score(score_mod, s, k0),
-                            _shift_mask(block_mask[-1], s, k0), scale,
-                            score_mod_other_buffers, mask_mod_other_buffers)
-             for s, e, k0, k1 in _blocks(query, key, block_mask)]
+    mod = _identity if _is_identity(score_mod) else score_mod
+    parts = [_block_forward(query[:, :, x.start:x.end], key[:, :, x.k0:x.k1],
+                            value[:, :, x.k0:x.k1], mod, block_mask[-1], scale,
+                            score_mod_other_buffers, mask_mod_other_buffers, x)
+             for x in _blocks(query, key, block_mask)]
     out, lse, top = (torch.cat([p[i] for p in parts], dim=2) if len(parts) > 1 else parts[0][i]
                      for i in range(3))
     # The operator's log-sum-exp and row max are in base 2 (its kernels compute in ln2 space).
@@ -267,7 +310,8 @@ def blockwise_flex_attention_backward(
     grads_q = []
     grad_k, grad_v = torch.zeros_like(key), torch.zeros_like(value)
     grad_buffers: list[Any] | None = None
-    for s, e, k0, k1 in _blocks(query, key, block_mask):
+    for x in _blocks(query, key, block_mask):
+        s, e, k0, k1 = x.start, x.end, x.k0, x.k1
         gq, gk, gv, gb = sdpa_dense_backward(
             query[:, :, s:e], key[:, :, k0:k1], value[:, :, k0:k1], out[:, :, s:e],
             logsumexp[:, :, s:e], None if grad_out is None else grad_out[:, :, s:e],

@@ -332,3 +332,155 @@ def test_each_rank_sees_torchruns_variables_and_a_full_world(tmp_path):
     colls = {(c["op"], c["group_size"]): c for c in summary["collectives"]}
     assert colls[("all_reduce", 8)]["bytes"] == 4096
     assert colls[("all_reduce", 8)]["link"] == "EFA"  # 8 ranks over two 4-core nodes
+
+
+ADAM = """\
+    import sys, torch
+    import torch.nn as nn
+    dev = torch.device("neuron")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(512, 256), nn.Linear(256, 512), nn.ReLU(),
+                          nn.Linear(512, 256)).to(dev)
+    if sys.argv[1:] == ["compile"]:
+        model = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        ids = torch.randint(0, 512, (8, 64), device=dev)
+        model(ids).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    """
+# Embedding(512, 256) + Linear(256, 512) + Linear(512, 256), fp32: every storage is a whole
+# number of the allocator's 256-byte (or 512-byte, 1 MiB and up) blocks, so its bytes are
+# the closed form's.
+ADAM_PARAM_BYTES = 4 * (512 * 256 + 256 * 512 + 512 + 512 * 256 + 256)
+
+
+def _dry_summary(tmp_path: Path, script: str, args: list[str], script_args: list[str] = (),
+                 env: dict[str, str] | None = None) -> tuple[dict, subprocess.CompletedProcess]:
+    (tmp_path / "job.py").write_text(textwrap.dedent(script))
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        proc, out = _dry_cli(tmp_path, [*args, "job.py", *script_args])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "report.json").read_text())["dry_run"], proc
+
+
+def test_peak_breakdown_adds_up_and_model_state_is_the_closed_form(tmp_path):
+    """AdamW, 2 steps (the default): at the peak the parameters, their gradients and Adam's
+    two moments are live, each of the closed form's bytes, and the six kinds add up to the
+    peak exactly; the op and line that set the peak are named."""
+    s, proc = _dry_summary(tmp_path, ADAM, [])
+    r = s["ranks"][0]
+    b = r["breakdown"]
+    assert set(b) == {"parameters", "gradients", "optimizer", "activations", "collectives",
+                      "temporaries"}
+    assert sum(b.values()) == r["peak_hbm_bytes"], r
+    assert b["parameters"] == ADAM_PARAM_BYTES
+    assert r["model_state"] == {"parameters": ADAM_PARAM_BYTES, "gradients": ADAM_PARAM_BYTES,
+                                "optimizer": 2 * ADAM_PARAM_BYTES}
+    assert b["gradients"] <= ADAM_PARAM_BYTES and b["optimizer"] <= 2 * ADAM_PARAM_BYTES
+    assert r["peak_op"] and r["peak_op"].startswith("aten::"), r
+    assert r["peak_at"], r
+    assert r["fits"] and r["verdict"].startswith("fits with ")
+    assert "at the peak: parameters" in proc.stdout
+
+
+ACTIVATIONS = """\
+    import torch
+    import torch.nn as nn
+    dev = torch.device("neuron")
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).to(dev)
+    x = torch.randn(4096, 256, device=dev)
+    loss = model(x).sum()
+    loss.backward()
+    """
+
+
+def test_saved_activations_are_the_autograd_saved_tensors(tmp_path):
+    """No optimizer: weights are found among the live nn.Parameters; the forward's saved
+    tensors (the input, ReLU's output, which the second Linear saves too) are activations."""
+    s, _ = _dry_summary(tmp_path, ACTIVATIONS, ["--steps", "0"])
+    r = s["ranks"][0]
+    b = r["breakdown"]
+    weights = 4 * (256 * 1024 + 1024 + 1024 * 256 + 256)
+    assert b["parameters"] == weights
+    assert b["activations"] == 4096 * 256 * 4 + 4096 * 1024 * 4, b
+    assert sum(b.values()) == r["peak_hbm_bytes"]
+
+
+OOM = """\
+    import torch
+    w = torch.empty(2**28, device="neuron")                 # 1 GiB
+    y = w * 2                                               # another: past 1.5 GiB
+    print("done", y.shape)
+    """
+
+
+def test_oom_verdict_names_the_users_line_and_op(tmp_path):
+    s, proc = _dry_summary(tmp_path, OOM, ["--steps", "0"],
+                           env={"NEURONLOCAL_HBM_PER_CORE": "1536MiB"})
+    r = s["ranks"][0]
+    assert not r["fits"]
+    assert r["oom_at"].endswith("job.py:3") and r["oom_op"] == "aten::mul.Tensor", r
+    assert r["verdict"] == (f"would run out of memory at {r['oom_at']} (aten::mul.Tensor): "
+                            "needs 2.00 GiB of 1.50 GiB"), r["verdict"]
+    assert r["verdict"] in proc.stdout
+
+
+def test_step_time_tokens_cost_and_compile_bill(tmp_path):
+    """Compiled, on 2 simulated ranks of a trn2.48xlarge: the step is priced within its
+    band, tokens are the embedding's batch x sequence on every rank, MFU and $ follow from
+    them, and the compile bill is the unique graphs x the serve plan's minutes per graph."""
+    from neuronlocal.estimate.rates import price
+    from neuronlocal.serve.plan import COMPILE_MINUTES, COMPILE_MINUTES_BAND
+
+    s, proc = _dry_summary(tmp_path, ADAM, ["--instance", "trn2.48xlarge",
+                                            "--nproc-per-node", "2"], ["compile"])
+    assert s["graphs"] >= 1 and s["graphs_per_rank"] == [s["graphs"], s["graphs"]]
+    assert s["compile_s"] == pytest.approx(s["graphs"] * COMPILE_MINUTES * 60)
+    assert s["compile_band_s"] == pytest.approx([s["graphs"] * m * 60
+                                                 for m in COMPILE_MINUTES_BAND])
+    assert s["step_s"] > 0
+    lo, hi = s["step_band_s"]
+    assert lo < s["step_s"] < hi
+    assert s["tokens_per_step"] == 8 * 64 * 2
+    assert s["tokens_per_s"] == pytest.approx(s["tokens_per_step"] / s["step_s"])
+    assert 0 < s["mfu"] < 1
+    usd = price("trn2.48xlarge").usd_per_hour
+    assert s["usd_per_million_tokens"][0] == pytest.approx(
+        usd / 3600 * s["step_s"] / s["tokens_per_step"] * 1e6)
+    assert any("no published per-op figure" in a for a in s["assumptions"])
+    assert "compile bill" in proc.stdout
+
+
+def test_collectives_are_priced_on_their_link(tmp_path):
+    """An all-reduce over 8 ranks in one node goes over NeuronLink, over 2 nodes over EFA:
+    EFA's lower bandwidth per rank makes the same bytes slower; the eager step counts it."""
+    script = """\
+        import torch, torch.distributed as dist
+        dist.init_process_group("neuron")
+        p = torch.nn.Parameter(torch.zeros(2**20, device="neuron"))
+        opt = torch.optim.SGD([p], lr=0.1)
+        for _ in range(2):
+            p.grad = torch.ones_like(p)
+            dist.all_reduce(p.grad)
+            opt.step()
+        """
+    one, _ = _dry_summary(tmp_path, script, ["--instance", "trn2.48xlarge",
+                                             "--nproc-per-node", "8", "--ranks", "0"])
+    two, _ = _dry_summary(tmp_path, script, ["--instance", "trn2.48xlarge",
+                                             "--nproc-per-node", "4", "--nnodes", "2",
+                                             "--ranks", "0"])
+    (a,), (b,) = one["collectives"], two["collectives"]
+    assert (a["op"], a["link"], a["calls"]) == ("all_reduce", "NeuronLink", 2)
+    assert (b["op"], b["link"]) == ("all_reduce", "EFA")
+    assert 0 < a["seconds_per_step"] < b["seconds_per_step"]
+    assert one["step_parts_s"]["collectives"] > 0

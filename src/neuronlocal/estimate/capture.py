@@ -195,6 +195,7 @@ class Capture:
         now = time.perf_counter()
         compiled = _compile_seconds()
         tally, self.counter.tally = self.counter.tally, Tally()
+        tokens, self.counter.tokens = self.counter.tokens, 0
         spec, w = emulated(), band_width("train")
         # Eager work as TorchNeuron runs it: each op alone (no fusion) plus its own kernel
         # launch; and the same ops compiled, as the calibrated model costs a step: fused,
@@ -202,6 +203,11 @@ class Capture:
         n = launches(tally)
         per, low, high = eager_launch(FACTORS)
         roof = seconds(tally, spec, eager_factors(FACTORS)) if tally.ops else 0.0
+        comm = Tally()
+        for op, k in tally.ops.items():
+            if op.engine == "comm":
+                comm.add(op, k)
+        comm_s = seconds(comm, spec, eager_factors(FACTORS)) if comm.ops else 0.0
         eager = roof + n * per
         fused = seconds(tally, spec, FACTORS) + FACTORS.launch if n else 0.0
         graphs = sum(_graph_seconds(g) * k for g, k in self._step_calls.items())
@@ -219,6 +225,8 @@ class Capture:
                "compiled_s": fused + graphs,
                "compiled_band_s": [(fused + graphs) / (1 + w), (fused + graphs) * (1 + w)],
                "graph_calls": int(sum(self._step_calls.values())),
+               # of estimated_s: eager collectives (latency + bytes over their link)
+               "comm_s": comm_s, "tokens": tokens,
                "tensor_flops": tally.tensor_flops + sum(
                    float(_estimate(g).get("tensor_flops", 0))
                    * k for g, k in self._step_calls.items())}

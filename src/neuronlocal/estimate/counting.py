@@ -339,6 +339,9 @@ class Counter(TorchDispatchMode):
         self._bodies: list[Tally] = []  # tallies of higher-order bodies running now
         self.uncounted: set[str] = set()  # higher-order operators run without their cost
         self.error: str | None = None  # the first failure of the counting itself
+        # Tokens fed since the last reset: the largest index tensor an embedding looked up
+        # (a position embedding looks up fewer), the batch x sequence of the step.
+        self.tokens = 0
         # On real tensors (eager capture) attention runs as the program runs it, op by op.
         self._attention = _AttentionMode() if replace_attention else None
 
@@ -407,6 +410,8 @@ class Counter(TorchDispatchMode):
     def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                ins: list[torch.Tensor] | None) -> None:
         try:
+            if func.overloadpacket is torch.ops.aten.embedding and len(args) > 1:
+                self.tokens = max(self.tokens, int(args[1].numel()))
             cost = op_cost(func, args, kwargs, out, ins)
             if cost is not None:
                 self.add(cost)

@@ -45,10 +45,11 @@ NAMES = ("tensor", "hbm", "vector", "fusion", "link", "latency", "launch", "trai
 
 def collective_bandwidth(spec: InstanceSpec, group: int, ranks_per_node: int | None = None
                          ) -> float:
-    """Bytes/s one rank of a `group`-rank collective gets (peak, before the link factor)."""
+    """Bytes/s one rank of a `group`-rank collective gets (peak, before the link factor);
+    `ranks_per_node`: ranks on each instance (default: all its cores), consecutive."""
     if group <= spec.cores_per_chip:
         return spec.hbm_bytes_per_s  # ranks on one chip exchange through its HBM
-    if group <= spec.cores and spec.link_bytes_per_s:
+    if group <= (ranks_per_node or spec.cores) and spec.link_bytes_per_s:
         return spec.link_bytes_per_s / spec.cores_per_chip
     if spec.net_bytes_per_s:
         return spec.net_bytes_per_s / (ranks_per_node or spec.cores)

@@ -144,22 +144,27 @@ _PLAIN: tuple[type, ...] = ()
 
 # Every nn.Parameter registered on a module (a WeakSet: the dry run keeps none alive), and
 # the storage each was last tagged at: a parameter moved to the device gets new storage.
+# The modules they were registered on: what a module holds now counts too (FSDP2 swaps its
+# unsharded weights in without registering them).
 _params: weakref.WeakSet[Any] = weakref.WeakSet()
+_modules: weakref.WeakSet[Any] = weakref.WeakSet()
 _tagged: dict[int, int] = {}
 
 
-def _registered(_module: Any, _name: str, param: Any) -> None:
+def _registered(module: Any, _name: str, param: Any) -> None:
+    _modules.add(module)
     if param is not None:
         _params.add(param)
 
 
 def _tag_live_parameters() -> None:
-    """Tags the storages of the registered parameters that are new since the last call (a
-    script without an optimizer has weights too). Called when an op call sets a new peak,
-    while the peak's blocks are still live."""
+    """Tags the storages of the registered parameters, and of those their modules hold now,
+    that are new since the last call (a script without an optimizer has weights too).
+    Called when an op call sets a new peak, while the peak's blocks are still live."""
     from neuronlocal import _C
 
-    for p in list(_params):
+    held = [p for m in list(_modules) for p in m._parameters.values() if p is not None]
+    for p in [*list(_params), *held]:
         t = getattr(p, "_local_tensor", p)
         if t.device.type != "neuron":
             continue

@@ -526,3 +526,14 @@ def test_estimate_and_dry_run_agree(tmp_path):
     assert abs(sum(est.hbm.values()) - peak) <= 0.10 * peak, (est.hbm, s["ranks"][0])
     assert est.eager is not None
     assert abs(est.eager[0] - s["step_s"]) <= 0.15 * s["step_s"], (est.eager, s["step_s"])
+
+
+def test_torch_func_transforms_run_beside_the_breakdowns_hook():
+    """torch.func refuses saved-tensors hooks; the dry run's steps aside while one runs."""
+    r = _last_json(run_code("""\
+        import json, torch
+        g = torch.func.grad(lambda x: (x ** 3).sum())(torch.full((3,), 2.0))
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        print(json.dumps({"grad": g.tolist(), "hook": top[0].__name__}))
+        """, DRY))
+    assert r == {"grad": [12.0, 12.0, 12.0], "hook": "_pack"}

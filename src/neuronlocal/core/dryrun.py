@@ -19,12 +19,14 @@ so the bytes of each kind at the peak add up to the peak exactly. Untagged: temp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import weakref
 from collections import Counter
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -140,6 +142,28 @@ def _unpack(t: Any) -> Any:
 
 
 _PLAIN: tuple[type, ...] = ()
+
+
+def _stepping_aside(original: Any) -> Any:
+    """`torch.autograd.graph.disable_saved_tensors_hooks` that first pops this module's
+    hook when it is the innermost one: torch.func transforms refuse any saved-tensors hook,
+    so while one runs, what it saves goes untagged (temporaries) instead of failing."""
+    import torch
+
+    @contextlib.contextmanager
+    def disable(error_message: str) -> Iterator[None]:
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        ours = top is not None and top[0] is _pack
+        if ours:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        try:
+            with original(error_message):
+                yield
+        finally:
+            if ours:
+                torch._C._autograd._push_saved_tensors_default_hooks(_pack, _unpack)
+
+    return disable
 
 
 # Every nn.Parameter registered on a module (a WeakSet: the dry run keeps none alive), and
@@ -263,5 +287,8 @@ def install() -> None:
     _C._set_peak_hook(_peak_line)
     torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
     torch._C._autograd._push_saved_tensors_default_hooks(_pack, _unpack)
+    graph = torch.autograd.graph
+    graph.disable_saved_tensors_hooks = _stepping_aside(
+        graph.disable_saved_tensors_hooks)
     register_optimizer_step_post_hook(_after_step)
     arm_step_limit()

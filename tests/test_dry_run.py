@@ -300,8 +300,11 @@ def test_llama_8b_on_64_ranks_dry_runs_in_bounded_host_memory(tmp_path):
     assert state["parameters"] == state["gradients"] == 8_030_261_248 * 2 // 64
     assert state["optimizer"] == 2 * state["parameters"]
     assert sum(rank["breakdown"].values()) == rank["peak_hbm_bytes"]
-    # the same storages, as the allocator's blocks: a 1.75 MiB FFN shard takes a 2 MiB block
-    assert state["parameters"] < rank["breakdown"]["parameters"] < 1.11 * state["parameters"]
+    # at the peak (the loss's backward) the root unit's unsharded embedding and output
+    # weights are held too, and the activations of 32 layers are the largest part
+    b = rank["breakdown"]
+    assert b["parameters"] > state["parameters"] + 2 * 128256 * 4096 * 2 * 0.9
+    assert b["activations"] == max(b.values())
 
 
 def test_each_rank_sees_torchruns_variables_and_a_full_world(tmp_path):

@@ -466,6 +466,8 @@ def test_step_time_tokens_cost_and_compile_bill(tmp_path):
         usd / 3600 * s["step_s"] / s["tokens_per_step"] * 1e6)
     assert any("no published per-op figure" in a for a in s["assumptions"])
     assert "compile bill" in proc.stdout
+    page = (tmp_path / "dry" / "report.html").read_text()
+    assert "Dry run: world size 2" in page and "compile bill" in page
 
 
 def test_collectives_are_priced_on_their_link(tmp_path):
@@ -540,3 +542,19 @@ def test_torch_func_transforms_run_beside_the_breakdowns_hook():
         print(json.dumps({"grad": g.tolist(), "hook": top[0].__name__}))
         """, DRY))
     assert r == {"grad": [12.0, 12.0, 12.0], "hook": "_pack"}
+
+
+def test_recompiles_carry_the_run_reports_cause(tmp_path):
+    """A compiled function fed a second shape compiles twice: two graphs in the compile
+    bill, and the recompile with the run report's cause (the dimension that changed)."""
+    script = """\
+        import torch
+        f = torch.compile(lambda x: torch.relu(x) * 2, dynamic=False)
+        for n in (8, 16):
+            f(torch.ones(4, n, device="neuron"))
+        """
+    s, proc = _dry_summary(tmp_path, script, ["--steps", "0"])
+    assert s["graphs"] == 2 and s["graphs_per_rank"] == [2]
+    (e,) = s["recompiles"]
+    assert e["rank"] == 0 and "8 -> 16" in e["reason"], e
+    assert "recompiled: rank 0" in proc.stdout

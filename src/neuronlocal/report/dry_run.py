@@ -153,6 +153,8 @@ def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
             sorted(colls.values(), key=lambda c: -c["bytes"]), steps, spec, nproc),
         "collectives_of_rank": first.get("rank"),
         "steps": steps, **bill,
+        "recompiles": [{"rank": r["rank"], "graph": e["graph"], "reason": e["reason"]}
+                       for r in ranks for e in r.get("recompiles") or []],
         **{k: v for k, v in priced.items() if k not in ("assumptions", "missing")},
         "assumptions": [
             "measured: peak HBM is the allocator's count of the bytes a real run allocates "

@@ -73,6 +73,8 @@ def lines(s: dict[str, Any]) -> list[str]:
                        f"{fmt_bytes(c['bytes']):>12}  {c['link']:<10} "
                        f"{_s(c['seconds_per_step'])} per step")
     out += _cost_lines(s)
+    out += [f"    recompiled: rank {e['rank']} {e['graph']}: {e['reason']}"
+            for e in s["recompiles"][:10]]
     out += [f"  not in this report: {m}" for m in s["missing"]]
     return out
 
@@ -101,6 +103,9 @@ def html(s: dict[str, Any]) -> str:
                       _s(c["seconds_per_step"])] for c in s["collectives"]]),
              "<h3>Time, throughput, cost, compile</h3>",
              "<p>" + "<br>".join(esc(x.strip()) for x in _cost_lines(s)) + "</p>",
+             _table(["rank", "recompiled graph", "cause"],
+                    [[e["rank"], e["graph"], e["reason"]] for e in s["recompiles"]])
+             if s["recompiles"] else "",
              "<h3>What these numbers rest on</h3><ul>"
              + "".join(f"<li>{esc(a)}</li>" for a in s["assumptions"]) + "</ul>"]
     if s["missing"]:

@@ -492,7 +492,9 @@ def test_collectives_are_priced_on_their_link(tmp_path):
     assert (a["op"], a["link"], a["calls"]) == ("all_reduce", "NeuronLink", 2)
     assert (b["op"], b["link"]) == ("all_reduce", "EFA")
     assert 0 < a["seconds_per_step"] < b["seconds_per_step"]
-    assert one["step_parts_s"]["collectives"] > 0
+    # the step prices the same collectives on the same links (torchrun's LOCAL_WORLD_SIZE)
+    assert one["step_parts_s"]["collectives"] == pytest.approx(a["seconds_per_step"])
+    assert two["step_parts_s"]["collectives"] == pytest.approx(b["seconds_per_step"])
 
 
 AGREE = """\

@@ -199,12 +199,13 @@ def _tag_live_parameters() -> None:
 
 
 def _peak_line() -> str:
-    """The allocator's peak hook: tags the weights, then names the user's line."""
+    """The allocator's peak hook: tags the weights, then names the user's line. It never
+    raises (nor prints): it runs inside allocations, on any thread, even at shutdown."""
     try:
         _tag_live_parameters()
+        return _user_line()
     except Exception:  # noqa: BLE001 - a breakdown must never break the program
-        pass
-    return _user_line()
+        return "?"
 
 
 def peak(index: int) -> dict[str, Any]:

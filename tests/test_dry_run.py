@@ -296,8 +296,15 @@ def test_llama_8b_on_64_ranks_dry_runs_in_bounded_host_memory(tmp_path):
     assert rss_gib < 1.0, line
     rank = json.loads((out / "report.json").read_text())["dry_run"]["ranks"][0]
     assert rank["fits"] and 16 * 2**30 < rank["peak_hbm_bytes"] < 24 * 2**30, rank
-    assert rank["breakdown"]["parameters"] == rank["breakdown"]["gradients"]
-    assert rank["breakdown"]["optimizer"] == 2 * rank["breakdown"]["parameters"]
+    state = rank["model_state"]
+    assert state["parameters"] == state["gradients"] == 8_030_261_248 * 2 // 64
+    assert state["optimizer"] == 2 * state["parameters"]
+    assert sum(rank["breakdown"].values()) == rank["peak_hbm_bytes"]
+    # at the peak (the loss's backward) the root unit's unsharded embedding and output
+    # weights are held too, and the activations of 32 layers are the largest part
+    b = rank["breakdown"]
+    assert b["parameters"] > state["parameters"] + 2 * 128256 * 4096 * 2 * 0.9
+    assert b["activations"] == max(b.values())
 
 
 def test_each_rank_sees_torchruns_variables_and_a_full_world(tmp_path):
@@ -332,3 +339,224 @@ def test_each_rank_sees_torchruns_variables_and_a_full_world(tmp_path):
     colls = {(c["op"], c["group_size"]): c for c in summary["collectives"]}
     assert colls[("all_reduce", 8)]["bytes"] == 4096
     assert colls[("all_reduce", 8)]["link"] == "EFA"  # 8 ranks over two 4-core nodes
+
+
+ADAM = """\
+    import sys, torch
+    import torch.nn as nn
+    dev = torch.device("neuron")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(512, 256), nn.Linear(256, 512), nn.ReLU(),
+                          nn.Linear(512, 256)).to(dev)
+    if sys.argv[1:] == ["compile"]:
+        model = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        ids = torch.randint(0, 512, (8, 64), device=dev)
+        model(ids).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    """
+# Embedding(512, 256) + Linear(256, 512) + Linear(512, 256), fp32: every storage is a whole
+# number of the allocator's 256-byte (or 512-byte, 1 MiB and up) blocks, so its bytes are
+# the closed form's.
+ADAM_PARAM_BYTES = 4 * (512 * 256 + 256 * 512 + 512 + 512 * 256 + 256)
+
+
+def _dry_summary(tmp_path: Path, script: str, args: list[str], script_args: list[str] = (),
+                 env: dict[str, str] | None = None) -> tuple[dict, subprocess.CompletedProcess]:
+    (tmp_path / "job.py").write_text(textwrap.dedent(script))
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        proc, out = _dry_cli(tmp_path, [*args, "job.py", *script_args])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "report.json").read_text())["dry_run"], proc
+
+
+def test_peak_breakdown_adds_up_and_model_state_is_the_closed_form(tmp_path):
+    """AdamW, 2 steps (the default): at the peak the parameters, their gradients and Adam's
+    two moments are live, each of the closed form's bytes, and the six kinds add up to the
+    peak exactly; the op and line that set the peak are named."""
+    s, proc = _dry_summary(tmp_path, ADAM, [])
+    r = s["ranks"][0]
+    b = r["breakdown"]
+    assert set(b) == {"parameters", "gradients", "optimizer", "activations", "collectives",
+                      "temporaries"}
+    assert sum(b.values()) == r["peak_hbm_bytes"], r
+    assert b["parameters"] == ADAM_PARAM_BYTES
+    assert r["model_state"] == {"parameters": ADAM_PARAM_BYTES, "gradients": ADAM_PARAM_BYTES,
+                                "optimizer": 2 * ADAM_PARAM_BYTES}
+    assert b["gradients"] <= ADAM_PARAM_BYTES and b["optimizer"] <= 2 * ADAM_PARAM_BYTES
+    assert r["peak_op"] and r["peak_op"].startswith("aten::"), r
+    assert r["peak_at"], r
+    assert r["fits"] and r["verdict"].startswith("fits with ")
+    assert "at the peak: parameters" in proc.stdout
+
+
+ACTIVATIONS = """\
+    import torch
+    import torch.nn as nn
+    dev = torch.device("neuron")
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).to(dev)
+    x = torch.randn(4096, 256, device=dev)
+    loss = model(x).sum()
+    loss.backward()
+    """
+
+
+def test_saved_activations_are_the_autograd_saved_tensors(tmp_path):
+    """No optimizer: weights are found among the live nn.Parameters; the forward's saved
+    tensors (the input, ReLU's output, which the second Linear saves too) are activations."""
+    s, _ = _dry_summary(tmp_path, ACTIVATIONS, ["--steps", "0"])
+    r = s["ranks"][0]
+    b = r["breakdown"]
+    weights = 4 * (256 * 1024 + 1024 + 1024 * 256 + 256)
+    assert b["parameters"] == weights
+    assert b["activations"] == 4096 * 256 * 4 + 4096 * 1024 * 4, b
+    assert sum(b.values()) == r["peak_hbm_bytes"]
+
+
+OOM = """\
+    import torch
+    w = torch.empty(2**28, device="neuron")                 # 1 GiB
+    y = w * 2                                               # another: past 1.5 GiB
+    print("done", y.shape)
+    """
+
+
+def test_oom_verdict_names_the_users_line_and_op(tmp_path):
+    s, proc = _dry_summary(tmp_path, OOM, ["--steps", "0"],
+                           env={"NEURONLOCAL_HBM_PER_CORE": "1536MiB"})
+    r = s["ranks"][0]
+    assert not r["fits"]
+    assert r["oom_at"].endswith("job.py:3") and r["oom_op"] == "aten::mul.Tensor", r
+    assert r["verdict"] == (f"would run out of memory at {r['oom_at']} (aten::mul.Tensor): "
+                            "needs 2.00 GiB of 1.50 GiB"), r["verdict"]
+    assert r["verdict"] in proc.stdout
+
+
+def test_step_time_tokens_cost_and_compile_bill(tmp_path):
+    """Compiled, on 2 simulated ranks of a trn2.48xlarge: the step is priced within its
+    band, tokens are the embedding's batch x sequence on every rank, MFU and $ follow from
+    them, and the compile bill is the unique graphs x the serve plan's minutes per graph."""
+    from neuronlocal.estimate.rates import price
+    from neuronlocal.serve.plan import COMPILE_MINUTES, COMPILE_MINUTES_BAND
+
+    s, proc = _dry_summary(tmp_path, ADAM, ["--instance", "trn2.48xlarge",
+                                            "--nproc-per-node", "2"], ["compile"])
+    assert s["graphs"] >= 1 and s["graphs_per_rank"] == [s["graphs"], s["graphs"]]
+    assert s["compile_s"] == pytest.approx(s["graphs"] * COMPILE_MINUTES * 60)
+    assert s["compile_band_s"] == pytest.approx([s["graphs"] * m * 60
+                                                 for m in COMPILE_MINUTES_BAND])
+    assert s["step_s"] > 0
+    lo, hi = s["step_band_s"]
+    assert lo < s["step_s"] < hi
+    assert s["tokens_per_step"] == 8 * 64 * 2
+    assert s["tokens_per_s"] == pytest.approx(s["tokens_per_step"] / s["step_s"])
+    assert 0 < s["mfu"] < 1
+    usd = price("trn2.48xlarge").usd_per_hour
+    assert s["usd_per_million_tokens"][0] == pytest.approx(
+        usd / 3600 * s["step_s"] / s["tokens_per_step"] * 1e6)
+    assert any("no published per-op figure" in a for a in s["assumptions"])
+    assert "compile bill" in proc.stdout
+    page = (tmp_path / "dry" / "report.html").read_text()
+    assert "Dry run: world size 2" in page and "compile bill" in page
+
+
+def test_collectives_are_priced_on_their_link(tmp_path):
+    """An all-reduce over 8 ranks in one node goes over NeuronLink, over 2 nodes over EFA:
+    EFA's lower bandwidth per rank makes the same bytes slower; the eager step counts it."""
+    script = """\
+        import torch, torch.distributed as dist
+        dist.init_process_group("neuron")
+        p = torch.nn.Parameter(torch.zeros(2**20, device="neuron"))
+        opt = torch.optim.SGD([p], lr=0.1)
+        for _ in range(2):
+            p.grad = torch.ones_like(p)
+            dist.all_reduce(p.grad)
+            opt.step()
+        """
+    one, _ = _dry_summary(tmp_path, script, ["--instance", "trn2.48xlarge",
+                                             "--nproc-per-node", "8", "--ranks", "0"])
+    two, _ = _dry_summary(tmp_path, script, ["--instance", "trn2.48xlarge",
+                                             "--nproc-per-node", "4", "--nnodes", "2",
+                                             "--ranks", "0"])
+    (a,), (b,) = one["collectives"], two["collectives"]
+    assert (a["op"], a["link"], a["calls"]) == ("all_reduce", "NeuronLink", 2)
+    assert (b["op"], b["link"]) == ("all_reduce", "EFA")
+    assert 0 < a["seconds_per_step"] < b["seconds_per_step"]
+    # the step prices the same collectives on the same links (torchrun's LOCAL_WORLD_SIZE)
+    assert one["step_parts_s"]["collectives"] == pytest.approx(a["seconds_per_step"])
+    assert two["step_parts_s"]["collectives"] == pytest.approx(b["seconds_per_step"])
+
+
+AGREE = """\
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(**{cfg!r})
+    with torch.device("neuron"):
+        model = LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(2):
+        ids = torch.randint(0, cfg.vocab_size, ({batch}, {seq}), device="neuron")
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    """
+TINY_LLAMA = {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
+              "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 2048,
+              "max_position_embeddings": 512}
+
+
+def test_estimate_and_dry_run_agree(tmp_path):
+    """The same small job (a Llama-shaped transformers model, fp32, AdamW, batch 4 x 512
+    tokens, one core) priced by `estimate` from its config and dry-run as a script: peak
+    HBM within 10% (the formula's weights + gradients + Adam + activations against the
+    allocator's measured peak), the eager step within 15%."""
+    pytest.importorskip("transformers", reason="the job is a transformers model")
+    from transformers import LlamaConfig
+
+    from neuronlocal.estimate import estimate
+    from neuronlocal.estimate.layout import Layout
+
+    est = estimate(LlamaConfig(**TINY_LLAMA),
+                   Layout("trn2.3xlarge", micro_batch=4, seq=512, dtype="fp32"))
+    s, _ = _dry_summary(tmp_path, AGREE.format(cfg=TINY_LLAMA, batch=4, seq=512), [])
+    peak = s["ranks"][0]["peak_hbm_bytes"]
+    assert abs(sum(est.hbm.values()) - peak) <= 0.10 * peak, (est.hbm, s["ranks"][0])
+    assert est.eager is not None
+    assert abs(est.eager[0] - s["step_s"]) <= 0.15 * s["step_s"], (est.eager, s["step_s"])
+
+
+def test_torch_func_transforms_run_beside_the_breakdowns_hook():
+    """torch.func refuses saved-tensors hooks; the dry run's steps aside while one runs."""
+    r = _last_json(run_code("""\
+        import json, torch
+        g = torch.func.grad(lambda x: (x ** 3).sum())(torch.full((3,), 2.0))
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        print(json.dumps({"grad": g.tolist(), "hook": top[0].__name__}))
+        """, DRY))
+    assert r == {"grad": [12.0, 12.0, 12.0], "hook": "_pack"}
+
+
+def test_recompiles_carry_the_run_reports_cause(tmp_path):
+    """A compiled function fed a second shape compiles twice: two graphs in the compile
+    bill, and the recompile with the run report's cause (the dimension that changed)."""
+    script = """\
+        import torch
+        f = torch.compile(lambda x: torch.relu(x) * 2, dynamic=False)
+        for n in (8, 16):
+            f(torch.ones(4, n, device="neuron"))
+        """
+    s, proc = _dry_summary(tmp_path, script, ["--steps", "0"])
+    assert s["graphs"] == 2 and s["graphs_per_rank"] == [2]
+    (e,) = s["recompiles"]
+    assert e["rank"] == 0 and "8 -> 16" in e["reason"], e
+    assert "recompiled: rank 0" in proc.stdout

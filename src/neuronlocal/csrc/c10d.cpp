@@ -649,6 +649,7 @@ class NeuronBackend : public c10d::Backend {
       inner = start();
     }
     record(what, nbytes(result));
+    for (const auto& t : result) tag_storage(t, kTagCollectives);  // the peak's breakdown
     if (coalescing_) coalesced_result_.insert(coalesced_result_.end(), result.begin(), result.end());
     auto work = c10::make_intrusive<NeuronWork>(std::move(inner), std::move(result), where_, what,
                                                 type, seq_++);

@@ -504,6 +504,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpInfo& info = info_for(op);
   const Decision& d = *info.decision.load(std::memory_order_acquire);
   info.executed++;
+  OpScope scope(&info.name);
   if (d.cpu_fallback) on_cpu_fallback(info, d);
   const bool dry = dry_run();
   if (dry && info.base == "aten::_local_scalar_dense") return dry_item(op, stack);

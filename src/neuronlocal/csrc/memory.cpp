@@ -16,6 +16,7 @@
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <sys/mman.h>
 
@@ -39,6 +40,8 @@ struct Stat {
   }
 };
 
+struct Block;
+
 // Index 0 is "all", 1 the small pool, 2 the large pool.
 struct Core {
   int64_t budget = std::numeric_limits<int64_t>::max();
@@ -48,6 +51,15 @@ struct Core {
   int64_t dry_ooms = 0;  // dry run: requests that would have raised (they go on)
   int64_t num_ooms = 0, num_alloc_retries = 0, num_tensor_frees = 0, allocation_requests = 0;
   std::vector<std::pair<double, int64_t>> timeline;
+  // The live blocks at the run's high-water mark of allocated bytes, for the breakdown of
+  // the peak: taken at the first free after a new mark (until then the live set is it).
+  std::unordered_set<Block*> live;
+  int64_t hwm = 0, hwm_seq = 0, hwm_call = -1;
+  bool rising = false;
+  std::string hwm_op, hwm_line;
+  int64_t snap_seq = 0, snap_bytes = 0;
+  std::string snap_op, snap_line;
+  std::unordered_map<int64_t, std::pair<int64_t, int>> snap;  // block id -> (bytes, tag)
 };
 
 // Leaked on purpose: blocks may be freed during interpreter shutdown.
@@ -79,7 +91,30 @@ struct Block {
   int pool;           // 1 small, 2 large
   c10::DataPtr host;  // memory we allocated, or
   c10::Storage owner; // a CPU storage we adopted
+  int64_t id = 0;     // unique per counted block, for the peak snapshot
+  int tag = 0;        // what the block holds (PeakTag; 0: not known, a temporary)
 };
+int64_t g_block_id = 0;  // under mu()
+std::function<std::string()>& peak_hook() {
+  static auto* h = new std::function<std::string()>();
+  return *h;
+}
+thread_local const std::string* t_op = nullptr;  // the op being dispatched on this thread
+thread_local int64_t t_call = 0;                 // op calls dispatched on this thread
+
+// A lower tag wins: a parameter saved for backward is a parameter.
+int better_tag(int old, int tag) { return old == 0 || tag < old ? tag : old; }
+
+// Under mu(): the live set is the peak's (called at the first free after a new peak).
+void take_snapshot(Core& c) {
+  c.snap.clear();
+  for (Block* x : c.live) c.snap[x->id] = {x->size, x->tag};
+  c.snap_bytes = c.hwm;
+  c.snap_seq = c.hwm_seq;
+  c.snap_op = c.hwm_op;
+  c.snap_line = c.hwm_line;
+  c.rising = false;
+}
 
 int64_t round_size(int64_t n) {
   if (n < kSmallLimit) return std::max<int64_t>(256, (n + 255) / 256 * 256);
@@ -198,8 +233,32 @@ Block* account(c10::DeviceIndex index, int64_t nbytes) {
   sample(c);
   b->size = size;
   b->pool = pool;
+  b->id = ++g_block_id;
+  c.live.insert(b);
+  int64_t ask_seq = 0;  // a new high-water mark set by a new op call: ask for its line
+  const int64_t call = t_op ? t_call : -1;
+  const std::string at_op = t_op ? *t_op : std::string();
+  if (c.allocated_bytes[0].current > c.hwm) {
+    const bool same = call >= 0 && call == c.hwm_call && at_op == c.hwm_op;
+    c.hwm = c.allocated_bytes[0].current;
+    c.hwm_seq++;
+    c.hwm_call = call;
+    c.hwm_op = at_op;
+    if (!same) {
+      ask_seq = c.hwm_seq;
+      c.hwm_line.clear();
+    }
+    c.rising = true;
+  }
   lock.unlock();
-  if (!dry_oom.empty()) dry_read(dry_oom);  // outside the lock: the hook takes the GIL
+  if (ask_seq && peak_hook()) {  // outside the lock: the hook takes the GIL
+    std::string line = peak_hook()();
+    std::lock_guard<std::mutex> relock(mu());
+    Core& c2 = core(index);
+    if (c2.hwm_line.empty() && c2.hwm_call == call && c2.hwm_seq >= ask_seq) c2.hwm_line = line;
+    if (c2.snap_line.empty() && c2.snap_seq >= ask_seq && c2.snap_op == at_op) c2.snap_line = line;
+  }
+  if (!dry_oom.empty()) dry_read(at_op.empty() ? dry_oom : dry_oom + " in " + at_op);
   return b;
 }
 
@@ -245,6 +304,8 @@ void free_block(void* ctx) {
     auto& cs = cores();
     if (static_cast<size_t>(b->index) < cs.size()) {
       Core& c = cs[b->index];
+      if (c.rising) take_snapshot(c);
+      c.live.erase(b);
       for (int k : {0, b->pool}) {
         c.allocated_bytes[k].dec(b->size);
         c.active_bytes[k].dec(b->size);
@@ -555,5 +616,52 @@ std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index) 
 }
 
 void set_timeline(bool on) { g_timeline = on; }
+
+OpScope::OpScope(const std::string* op) : prev_(t_op) {
+  t_op = op;
+  ++t_call;
+}
+OpScope::~OpScope() { t_op = prev_; }
+
+void set_peak_hook(std::function<std::string()> hook) { peak_hook() = std::move(hook); }
+
+bool tag_storage(const at::Tensor& t, int tag) {
+  if (!t.defined() || t.device().type() != kNeuron || !t.has_storage()) return false;
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  Block* b = nullptr;
+  if (dp.get_deleter() == &free_dry) b = static_cast<DryBlock*>(dp.get_context())->block;
+  else if (dp.get_deleter() == &free_block) b = static_cast<Block*>(dp.get_context());
+  if (b == nullptr || b->size == 0) return false;
+  std::lock_guard<std::mutex> lock(mu());
+  b->tag = better_tag(b->tag, tag);
+  auto& cs = cores();
+  if (static_cast<size_t>(b->index) < cs.size()) {
+    auto it = cs[b->index].snap.find(b->id);
+    if (it != cs[b->index].snap.end()) it->second.second = better_tag(it->second.second, tag);
+  }
+  return true;
+}
+
+PeakSnapshot peak_snapshot(c10::DeviceIndex index) {
+  check_available();
+  std::lock_guard<std::mutex> lock(mu());
+  Core& c = core(index);
+  if (c.rising) take_snapshot(c);
+  PeakSnapshot out{c.snap_bytes, c.snap_op, c.snap_line, {}};
+  for (const auto& [id, e] : c.snap) out.by_tag[e.second] += e.first;
+  return out;
+}
+
+void reset_peak_snapshot(c10::DeviceIndex index) {
+  check_available();
+  std::lock_guard<std::mutex> lock(mu());
+  Core& c = core(index);
+  c.hwm = c.allocated_bytes[0].current;
+  c.hwm_seq++;
+  c.hwm_call = -1;
+  c.hwm_op = "(allocated before the run began)";
+  c.hwm_line.clear();
+  c.rising = true;
+}
 
 }  // namespace neuron

@@ -87,6 +87,28 @@ PYBIND11_MODULE(_C, m) {
       }
     });
   }, "called with the op each time a dry run reads a value it does not have");
+  m.def("_peak_snapshot", [](int i) {
+    neuron::settle();
+    auto s = neuron::peak_snapshot(static_cast<c10::DeviceIndex>(i));
+    return py::make_tuple(s.bytes, s.op, s.line, s.by_tag);
+  }, "(bytes, op, user line, {tag: bytes}) of the live blocks at the high-water mark");
+  m.def("_reset_peak_snapshot", [](int i) {
+    neuron::reset_peak_snapshot(static_cast<c10::DeviceIndex>(i));
+  });
+  m.def("_tag_storage", &neuron::tag_storage, "marks what a tensor's storage holds");
+  m.def("_set_peak_hook", [](py::function hook) {
+    auto* fn = new py::object(std::move(hook));  // leaked: called until the process is gone
+    neuron::set_peak_hook([fn]() -> std::string {
+      if (!Py_IsInitialized() || _Py_IsFinalizing()) return "";
+      py::gil_scoped_acquire gil;
+      try {
+        return (*fn)().cast<std::string>();
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("neuronlocal peak hook");
+        return "";
+      }
+    });
+  }, "called for the user's line when an op call sets a new high-water mark");
   m.def("_set_policy", &neuron::set_policy);
   m.def("_set_op_placement", &neuron::set_op_placement);
   m.def("_set_op_classes", &neuron::set_op_classes);

@@ -106,6 +106,33 @@ c10::DeviceIndex host_core();
 // Live bytes on a core over time, for the report: (seconds since start, bytes) samples.
 std::vector<std::pair<double, int64_t>> memory_timeline(c10::DeviceIndex index);
 void set_timeline(bool on);
+// The peak's breakdown: what the live blocks held when allocated bytes last reached their
+// high-water mark, by tag (set from Python: parameters, gradients, ...), and the op and
+// user line of the allocation that set it. The hook returns that line; it is asked once
+// per op call that sets a new mark.
+struct PeakSnapshot {
+  int64_t bytes;
+  std::string op, line;
+  std::map<int, int64_t> by_tag;
+};
+// Tags of what a block holds; a lower one wins (a parameter saved for backward is one).
+enum PeakTag { kTagParameters = 1, kTagGradients, kTagOptimizer, kTagCollectives,
+               kTagActivations };
+PeakSnapshot peak_snapshot(c10::DeviceIndex index);
+void reset_peak_snapshot(c10::DeviceIndex index);
+bool tag_storage(const at::Tensor& t, int tag);
+void set_peak_hook(std::function<std::string()> hook);
+// Names the op dispatched on this thread while it lives (for the peak's op).
+class OpScope {
+ public:
+  explicit OpScope(const std::string* op);
+  ~OpScope();
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  const std::string* prev_;
+};
 
 // ---- alias.cpp -------------------------------------------------------------
 // A CPU tensor over the bytes of a neuron tensor (no copy, keeps them alive). Runs queued

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from neuronlocal.core.counters import launcher_count
 from neuronlocal.estimate.counting import Counter, Tally
 
 log = logging.getLogger("neuronlocal.estimate")
@@ -201,15 +202,22 @@ class Capture:
         now = time.perf_counter()
         compiled = _compile_seconds()
         tally, self.counter.tally = self.counter.tally, Tally()
+        tokens, self.counter.tokens = self.counter.tokens, 0
         spec, w = emulated(), band_width("train")
+        node = launcher_count("LOCAL_WORLD_SIZE", 0, minimum=1) or None  # torchrun's layout
         # Eager work as TorchNeuron runs it: each op alone (no fusion) plus its own kernel
         # launch; and the same ops compiled, as the calibrated model costs a step: fused,
         # one graph launch.
         n = launches(tally)
         per, low, high = eager_launch(FACTORS)
-        roof = seconds(tally, spec, eager_factors(FACTORS)) if tally.ops else 0.0
+        roof = seconds(tally, spec, eager_factors(FACTORS), node) if tally.ops else 0.0
+        comm = Tally()
+        for op, k in tally.ops.items():
+            if op.engine == "comm":
+                comm.add(op, k)
+        comm_s = seconds(comm, spec, eager_factors(FACTORS), node) if comm.ops else 0.0
         eager = roof + n * per
-        fused = seconds(tally, spec, FACTORS) + FACTORS.launch if n else 0.0
+        fused = seconds(tally, spec, FACTORS, node) + FACTORS.launch if n else 0.0
         graphs = sum(_graph_seconds(g) * k for g, k in self._step_calls.items())
         est = eager + graphs
         # compile_s: the part of host_s spent compiling graphs (a first step that compiles
@@ -225,6 +233,8 @@ class Capture:
                "compiled_s": fused + graphs,
                "compiled_band_s": [(fused + graphs) / (1 + w), (fused + graphs) * (1 + w)],
                "graph_calls": int(sum(self._step_calls.values())),
+               # of estimated_s: eager collectives (latency + bytes over their link)
+               "comm_s": comm_s, "tokens": tokens,
                "tensor_flops": tally.tensor_flops + sum(
                    float(_estimate(g).get("tensor_flops", 0))
                    * k for g, k in self._step_calls.items())}

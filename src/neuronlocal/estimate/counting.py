@@ -152,6 +152,19 @@ def _group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int
     return max(2, world_size(default=2))
 
 
+def _collective_input_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                            ) -> float:
+    """Bytes of a collective's inputs: c10d's in-place ops also take their output buffers
+    (`output_tensor` of `_allgather_base_`, the group's whole result), which are not sent."""
+    total = 0.0
+    for i, a in enumerate(func._schema.arguments):
+        if a.name.startswith("output"):
+            continue
+        val = args[i] if i < len(args) else kwargs.get(a.name)
+        total += sum(_nbytes(t) for t in _tensors(val))
+    return total
+
+
 def collective_cost(name: str, nbytes: float, p: int) -> OpCost:
     """Bytes one rank sends for a ring collective of `nbytes` (the input tensor) over p ranks."""
     frac = (p - 1) / p if p > 1 else 0.0
@@ -205,8 +218,8 @@ def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
     if func.namespace in ("_c10d_functional", "c10d", "c10d_functional", "_dtensor"):
         if name in _WAIT or not ins:
             return None
-        return collective_cost(name, sum(_nbytes(t) for t in ins), _group_size(func, args,
-                                                                              kwargs))
+        return collective_cost(name, _collective_input_bytes(func, args, kwargs),
+                               _group_size(func, args, kwargs))
     moved = sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs)
     if name in _SDPA_OPS and len(ins) >= 3:
         q, k, v = ins[:3]
@@ -339,6 +352,9 @@ class Counter(TorchDispatchMode):
         self._bodies: list[Tally] = []  # tallies of higher-order bodies running now
         self.uncounted: set[str] = set()  # higher-order operators run without their cost
         self.error: str | None = None  # the first failure of the counting itself
+        # Tokens fed since the last reset: the largest index tensor an embedding looked up
+        # (a position embedding looks up fewer), the batch x sequence of the step.
+        self.tokens = 0
         # On real tensors (eager capture) attention runs as the program runs it, op by op.
         self._attention = _AttentionMode() if replace_attention else None
 
@@ -407,6 +423,8 @@ class Counter(TorchDispatchMode):
     def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                ins: list[torch.Tensor] | None) -> None:
         try:
+            if func.overloadpacket is torch.ops.aten.embedding and len(args) > 1:
+                self.tokens = max(self.tokens, int(args[1].numel()))
             cost = op_cost(func, args, kwargs, out, ins)
             if cost is not None:
                 self.add(cost)

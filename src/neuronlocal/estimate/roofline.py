@@ -45,10 +45,11 @@ NAMES = ("tensor", "hbm", "vector", "fusion", "link", "latency", "launch", "trai
 
 def collective_bandwidth(spec: InstanceSpec, group: int, ranks_per_node: int | None = None
                          ) -> float:
-    """Bytes/s one rank of a `group`-rank collective gets (peak, before the link factor)."""
+    """Bytes/s one rank of a `group`-rank collective gets (peak, before the link factor);
+    `ranks_per_node`: ranks on each instance (default: all its cores), consecutive."""
     if group <= spec.cores_per_chip:
         return spec.hbm_bytes_per_s  # ranks on one chip exchange through its HBM
-    if group <= spec.cores and spec.link_bytes_per_s:
+    if group <= (ranks_per_node or spec.cores) and spec.link_bytes_per_s:
         return spec.link_bytes_per_s / spec.cores_per_chip
     if spec.net_bytes_per_s:
         return spec.net_bytes_per_s / (ranks_per_node or spec.cores)
@@ -59,7 +60,8 @@ def collective_bandwidth(spec: InstanceSpec, group: int, ranks_per_node: int | N
 class Compiled:
     """A tally's ops as arrays for one instance, so many factor sets evaluate quickly."""
 
-    def __init__(self, tally: Tally, spec: InstanceSpec) -> None:
+    def __init__(self, tally: Tally, spec: InstanceSpec, ranks_per_node: int | None = None
+                 ) -> None:
         rows = list(tally.ops.items())
         n = np.array([c for _, c in rows], dtype=float)
         is_t = np.array([op.engine == "tensor" for op, _ in rows], dtype=bool)
@@ -70,7 +72,8 @@ class Compiled:
         flops = np.array([op.flops for op, _ in rows], dtype=float)
         vec = np.array([op.vector for op, _ in rows], dtype=float)
         by = np.array([op.bytes for op, _ in rows], dtype=float)
-        bw = np.array([collective_bandwidth(spec, op.group) if op.engine == "comm" else 1.0
+        bw = np.array([collective_bandwidth(spec, op.group, ranks_per_node)
+                       if op.engine == "comm" else 1.0
                        for op, _ in rows], dtype=float)
         cb = np.array([op.comm_bytes for op, _ in rows], dtype=float)
         self.n_t, self.n_v, self.n_c = n * is_t, n * is_v, n * is_c
@@ -89,9 +92,11 @@ class Compiled:
                      + (comm * self.n_c).sum())
 
 
-def seconds(tally: Tally, spec: InstanceSpec, f: Factors) -> float:
-    """Seconds one core of `spec` spends on the ops of `tally`."""
-    return Compiled(tally, spec).seconds(f)
+def seconds(tally: Tally, spec: InstanceSpec, f: Factors, ranks_per_node: int | None = None
+            ) -> float:
+    """Seconds one core of `spec` spends on the ops of `tally`; `ranks_per_node`: ranks on
+    each instance, for the link a collective crosses (default: all its cores)."""
+    return Compiled(tally, spec, ranks_per_node).seconds(f)
 
 
 

@@ -91,6 +91,7 @@ class Collector:
             core_counters.reset()
             for i in range(_C._device_count()):
                 reset_high_water_marks(i)
+                _C._reset_peak_snapshot(i)
         _C._set_timeline(True)
         self._break_logger.addHandler(self._handler)
         if self._break_logger.getEffectiveLevel() > logging.DEBUG:
@@ -107,6 +108,10 @@ class Collector:
             self.estimate = estimate_capture.start()
         except Exception as e:  # noqa: BLE001 - the observer never changes the outcome
             self.state.not_estimated.append(f"estimate: could not start: {type(e).__name__}: {e}")
+        from neuronlocal.core import dryrun
+
+        if dryrun.enabled():
+            dryrun.arm_step_limit()  # after the estimate's hooks: its last step is closed
         _active = self
         return self
 
@@ -287,12 +292,16 @@ def not_estimated(graphs: list[dict[str, Any]], estimate: dict[str, Any]) -> lis
 
 def _dry_run() -> dict[str, Any] | None:
     """A dry run's own records: values assumed, model state, collectives by group size."""
+    from neuronlocal import _C
     from neuronlocal.core import dryrun
 
     if not dryrun.enabled():
         return None
+    peaks = [{"core": i, **dryrun.peak(i)} for i in range(_C._device_count())
+             if _C._memory_stats(i)["allocation_requests"]]
     return {"reads": dryrun.reads(), "model_state": dryrun.model_state(),
-            "steps": dryrun.steps(), "collective_groups": core_counters.get_collective_groups()}
+            "steps": dryrun.steps(), "collective_groups": core_counters.get_collective_groups(),
+            "peaks": peaks}
 
 
 def snapshot(run: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -4,8 +4,10 @@ Each simulated rank runs in its own process, one after another, under the run re
 (report/runner.py), with the variables torchrun would set and NEURONLOCAL_DRY_RUN=1: its
 neuron tensors hold no bytes, its collectives complete without peers (core/dryrun.py,
 distributed/backend.py). Then this module reads the ranks' reports and adds the dry-run
-summary to report.json: peak HBM per rank against the core's HBM, the model-state part of
-it, collectives by group size with their link class, and every value the run assumed.
+summary to report.json and report.html: peak HBM per rank against the core's HBM with its
+breakdown and the op and line that set it, collectives by group size with their link class
+and time, the step time, tokens/s, MFU and dollars (report/dry_price.py), the compile bill,
+and every value the run assumed.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from neuronlocal.core import hardware
+from neuronlocal.core.dryrun import BREAKDOWN
 from neuronlocal.core.files import read_json, write_private
 from neuronlocal.core.units import fmt_bytes
-from neuronlocal.report import render, runner
+from neuronlocal.report import dry_price, dry_view, render, runner
 
 MASTER_PORT = "29500"
 
@@ -87,6 +90,16 @@ def link_class(group_size: int, cores_per_chip: int, cores_per_node: int) -> str
     return "EFA"
 
 
+def _verdict(r: dict[str, Any]) -> str:
+    """"fits with X GiB to spare", or where and by how much the core's HBM runs out."""
+    if r["fits"]:
+        return f"fits with {fmt_bytes(r['hbm_bytes'] - r['peak_reserved_bytes'])} to spare"
+    where = r["oom_at"] or "?"
+    op = f" ({r['oom_op']})" if r.get("oom_op") else ""
+    return (f"would run out of memory at {where}{op}: needs "
+            f"{fmt_bytes(r['peak_reserved_bytes'])} of {fmt_bytes(r['hbm_bytes'])}")
+
+
 def _rank_summary(rep: dict[str, Any]) -> dict[str, Any]:
     dry = rep.get("dry_run") or {}
     cores = rep.get("memory") or []
@@ -94,31 +107,33 @@ def _rank_summary(rep: dict[str, Any]) -> dict[str, Any]:
     peak = core["peak_bytes"] if core else 0
     reserved = core["reserved_peak_bytes"] if core else 0
     hbm = core["hbm_bytes"] if core else 0
-    state = dry.get("model_state") or {}
-    model = sum(state.values())
+    at_peak = next((p for p in dry.get("peaks", []) if core and p["core"] == core["core"]),
+                   None) or {}
     ooms = [r for r in dry.get("reads", []) if r["op"].startswith("out of memory")]
+    oom = ooms[0]["op"] if ooms else None
     err = rep["run"].get("error")
-    return {
+    out = {
         "rank": rep["rank"], "core": core["core"] if core else None,
         "peak_hbm_bytes": peak, "peak_reserved_bytes": reserved, "hbm_bytes": hbm,
         "fits": core is not None and not core.get("dry_ooms"),
-        "peak_at": ooms[0]["at"] if ooms else None,
-        "oom": ooms[0]["op"] if ooms else None,
-        "breakdown": {
-            "parameters": state.get("parameters", 0), "gradients": state.get("gradients", 0),
-            "optimizer": state.get("optimizer", 0),
-            "activations_and_temporaries": max(0, peak - model),
-        },
+        "peak_at": at_peak.get("at"), "peak_op": at_peak.get("op"),
+        "oom": oom, "oom_at": ooms[0]["at"] if ooms else None,
+        "oom_op": oom.rsplit(" in ", 1)[1] if oom and " in " in oom else None,
+        "breakdown": at_peak.get("breakdown") or dict.fromkeys(BREAKDOWN, 0),
+        "model_state": dry.get("model_state") or {},
         "steps": dry.get("steps", 0),
         "exit_code": rep["run"].get("exit_code"),
         "error": f"{err['type']}: {err['message']}" if err else None,
         "assumed_values": [r for r in dry.get("reads", [])
                            if not r["op"].startswith("out of memory")],
     }
+    out["verdict"] = _verdict(out)
+    return out
 
 
 def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
-              prof: hardware.Profile, nproc: int) -> dict[str, Any]:
+              prof: hardware.Profile, nproc: int, nnodes: int = 1,
+              tokens_per_step: int | None = None) -> dict[str, Any]:
     """The `dry_run` section of report.json, from the simulated ranks' reports."""
     per_rank = [_rank_summary(r) for r in ranks]
     colls: dict[tuple[str, int], dict[str, Any]] = {}
@@ -129,65 +144,49 @@ def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
                       "calls": c["count"],
                       "link": link_class(c["group_size"], prof.cores_per_chip, nproc)}
     steps = max((r["steps"] for r in per_rank), default=0)
+    spec = dry_price.spec_of(prof.instance, prof.lnc)
+    bill = dry_price.compile_bill(ranks)
+    priced = dry_price.cost(ranks, world, nnodes, spec, tokens_per_step)
     return {
-        "world_size": world, "instance": instance, "ranks": per_rank,
-        "collectives": sorted(colls.values(), key=lambda c: -c["bytes"]),
+        "world_size": world, "instance": instance, "nodes": nnodes, "ranks": per_rank,
+        "collectives": dry_price.priced_collectives(
+            sorted(colls.values(), key=lambda c: -c["bytes"]), steps, spec, nproc),
         "collectives_of_rank": first.get("rank"),
-        "steps": steps,
+        "steps": steps, **bill,
+        "recompiles": [{"rank": r["rank"], "graph": e["graph"], "reason": e["reason"]}
+                       for r in ranks for e in r.get("recompiles") or []],
+        **{k: v for k, v in priced.items() if k not in ("assumptions", "missing")},
         "assumptions": [
             "measured: peak HBM is the allocator's count of the bytes a real run allocates "
             "(same size classes, segments and OOM rule), with no bytes behind them",
-            "measured: parameters, gradients and optimizer state are the bytes of the "
-            "optimizer's tensors on this rank at its step; activations_and_temporaries is the "
-            "peak minus them (derived; it includes collective buffers)",
+            "measured: breakdown is what the live blocks held when allocated bytes reached "
+            "their peak (they add up to peak_hbm_bytes): parameters, gradients and "
+            "optimizer state of the optimizer (and live nn.Parameters), tensors autograd "
+            "saved for backward (activations), results of collectives (an FSDP all-gather's "
+            "unsharded weights), the rest temporaries; a block holding two kinds counts "
+            "once, in that order",
+            "measured: model_state is the optimizer's parameters, gradients and state on "
+            "this rank at its step",
             "assumed: every rank holds this rank's data (uniform-rank collectives); a value "
             "read from the device is zero (assumed_values lists each with its line)",
             "assumed: a group's link class comes from its size with consecutive ranks "
             f"({prof.cores_per_chip} logical cores per chip, {nproc} per node)",
             f"collective bytes are rank {first.get('rank')}'s result tensors over "
-            f"{steps} step(s)",
+            f"{steps} step(s); seconds_per_step prices them over the steps run",
+            *priced["assumptions"], dry_price.compile_assumption(),
         ],
-        "missing": ["step time, tokens/s and cost (not priced in a dry run yet)",
-                    "compile bill (graphs are counted in the run report, not priced)"],
+        "missing": priced["missing"],
     }
-
-
-def terminal(summary: dict[str, Any]) -> None:
-    print(f"\nneuronlocal dry run: world size {summary['world_size']} on "
-          f"{summary['instance']}, {len(summary['ranks'])} rank(s) simulated, "
-          f"{summary['steps']} step(s)")
-    for r in summary["ranks"]:
-        b = r["breakdown"]
-        if r["fits"]:
-            verdict = f"fits with {fmt_bytes(r['hbm_bytes'] - r['peak_reserved_bytes'])} to spare"
-        else:
-            verdict = (f"would run out of memory at {r['peak_at']}: needs "
-                       f"{fmt_bytes(r['peak_reserved_bytes'])} of {fmt_bytes(r['hbm_bytes'])}")
-        print(f"  rank {r['rank']:>4}  peak {fmt_bytes(r['peak_hbm_bytes'])} allocated, "
-              f"{fmt_bytes(r['peak_reserved_bytes'])} reserved of "
-              f"{fmt_bytes(r['hbm_bytes'])}: {verdict}")
-        print(f"            parameters {fmt_bytes(b['parameters'])}, gradients "
-              f"{fmt_bytes(b['gradients'])}, optimizer {fmt_bytes(b['optimizer'])}, "
-              f"activations+temporaries {fmt_bytes(b['activations_and_temporaries'])}")
-        if r["error"]:
-            print(f"            ended with {r['error']}")
-        for a in r["assumed_values"][:5]:
-            print(f"            value read from device memory: {a['op']} at {a['at']} "
-                  f"(x{a['count']})")
-    if summary["collectives"]:
-        print(f"  collectives (rank {summary['collectives_of_rank']}):")
-        for c in summary["collectives"]:
-            print(f"    {c['op']:<32} group {c['group_size']:>4}  {c['calls']:>6} calls  "
-                  f"{fmt_bytes(c['bytes']):>12}  {c['link']}")
-    for m in summary["missing"]:
-        print(f"  not in this report: {m}")
 
 
 def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int = 1,
         nnodes: int = 1, ranks: str | None = None, steps: int = 2,
         instance: str | None = None,
-        master: tuple[str | None, int | None] = (None, None)) -> int:
-    """Runs each simulated rank in turn, then writes and prints the dry-run summary."""
+        master: tuple[str | None, int | None] = (None, None),
+        tokens_per_step: int | None = None) -> int:
+    """Runs each simulated rank in turn, then writes and prints the dry-run summary.
+    `tokens_per_step`: the job's tokens per optimizer step, where the embedding's count
+    (every rank its own batch) is not it."""
     world = nproc * nnodes
     env_instance = {"NEURONLOCAL_INSTANCE": instance} if instance else {}
     try:
@@ -219,11 +218,14 @@ def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int 
             rep = read_json(out / f"rank{rank}.json")
             if rep["run"].get("run_id") == run_id:
                 reps.append(rep)
-    summary = summarize(reps, world, prof.instance, prof, nproc)
+    summary = summarize(reps, world, prof.instance, prof, nproc, nnodes, tokens_per_step)
     merged = render.merge(reps) if reps else {}
     merged["dry_run"] = summary
     write_private(out / "report.json", render.to_json(merged))
-    terminal(summary)
+    if reps:
+        write_private(out / "report.html", render.html_page(merged, dry_view.html(summary)))
+    for line in dry_view.lines(summary):
+        print(line)
     print(f"neuronlocal: dry-run report in {out}/report.json", file=sys.stderr)
     failed = [c for c in codes if c]
     return failed[0] if failed else 0

@@ -422,8 +422,9 @@ def _error_html(entry: dict[str, Any], multi: bool) -> str:
                if tb else ""))
 
 
-def html_page(rep: dict[str, Any]) -> str:
-    """The whole report as one static page (inline CSS and SVG, no scripts)."""
+def html_page(rep: dict[str, Any], extra: str = "") -> str:
+    """The whole report as one static page (inline CSS and SVG, no scripts); `extra`: a
+    section (HTML) shown first, such as the dry run's."""
     ranks = rep["ranks"]
     multi = len(ranks) > 1
     first = ranks[0]
@@ -435,6 +436,7 @@ def html_page(rep: dict[str, Any]) -> str:
              f"; exit status {rep['exit_code']}. Host emulation: compile seconds are this "
              f"machine's, not Trainium's.<br>{esc(cache_line(rep))}.</p>"]
     parts += [f"<p class='warn'>&#9888; {esc(h)}</p>" for h in headline(rep)]
+    parts.append(extra)
     graphs = [(r, g) for r in ranks for g in r["graphs"]]
     recompiled = {(r["rank"], e["graph"]) for r in ranks for e in r["recompiles"]}
     parts.append("<h2>Compiled graphs</h2>")

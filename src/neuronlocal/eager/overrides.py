@@ -6,6 +6,10 @@
   device's dtype.
 - `contiguous`: TorchNeuron's memory-format contract (`preserve_format` is accepted).
 - `linear_backward`: a device kernel TorchNeuron registers and ATen's CPU lacks.
+- `rms_norm`: TorchNeuron's kernel computes through `_fused_rms_norm` (16-bit inputs with
+  a weight of another dtype in float32), so `_fused_rms_norm` runs and is tracked.
+- CompositeImplicitAutograd ops TorchNeuron registers device kernels for (`linear`,
+  `isfinite`, ...; `ops.tracked_implicit`): recorded under their own name.
 - SyncBatchNorm's helper ops, which ATen has for CUDA only (sync_batch_norm.py).
 - Ops that compute in float64 by definition (`float_power`): Trainium computes them in
   float32 (the 64-bit rule), so they warn once per op when that rule is on. They stay
@@ -86,16 +90,31 @@ def _plain(args: Any) -> bool:
 
 
 def _tracked_implicit(name: str) -> Any:
-    """An autograd kernel for a CompositeImplicitAutograd op TorchNeuron registers: records
-    it as executed, then runs its composite, as torch does without this kernel."""
-    op = getattr(torch.ops.aten, name).default
+    """A kernel for a CompositeImplicitAutograd op TorchNeuron registers: records it as
+    executed, then runs its composite, as torch does without this kernel (registered for
+    autograd, so gradients are the composite's, and below it, for inference mode)."""
+    base, _, overload = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, base), overload or "default")
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if _plain(args):
-            _C._record_executed(f"aten::{name}", "")
+            _C._record_executed(f"aten::{base}", overload)
         return op.decompose(*args, **kwargs)
 
     return kernel
+
+
+def _rms_norm(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None = None,
+              eps: float | None = None) -> torch.Tensor:
+    """TorchNeuron's rms_norm: `_fused_rms_norm` of the input, in float32 where a 16-bit
+    input has a weight of another dtype, cast back to the input's dtype."""
+    if _plain((x, weight)):
+        _C._record_executed("aten::rms_norm", "")
+    dtype = x.dtype
+    if weight is not None and weight.dtype != dtype and dtype in (torch.float16,
+                                                                  torch.bfloat16):
+        x, weight = x.float(), weight.float()
+    return torch.ops.aten._fused_rms_norm(x, normalized_shape, weight, eps)[0].to(dtype)
 
 
 def _contiguous(self: torch.Tensor,
@@ -103,7 +122,10 @@ def _contiguous(self: torch.Tensor,
     """TorchNeuron's contiguous: `preserve_format` means contiguous; other formats
     (channels_last) are an error with TorchNeuron's build variable
     TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1, and run as on CPU with its release
-    value (0: TorchNeuron runs them through its CPU fallback)."""
+    value (0: TorchNeuron runs them through its CPU fallback). Tracked by name, as
+    TorchNeuron's kernel is."""
+    if _plain((self,)):
+        _C._record_executed("aten::contiguous", "")
     if memory_format == torch.preserve_format:
         memory_format = torch.contiguous_format
     elif memory_format != torch.contiguous_format and env_flag(
@@ -145,10 +167,16 @@ def register() -> None:
     _lib.impl("histc.out", _histc_out, "PrivateUse1")
     _lib.impl("contiguous", _contiguous, "AutogradPrivateUse1")
     _lib.impl("linear_backward", _linear_backward, "PrivateUse1")
-    for name in ops.TRACKED_IMPLICIT:
-        _lib.impl(name, _tracked_implicit(name), "AutogradPrivateUse1")
+    for key in ("PrivateUse1", "AutogradPrivateUse1"):
+        _lib.impl("rms_norm", _rms_norm, key)
     sync_batch_norm.register(_lib)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in sorted(ops.float64_ops()):
         if has(name, "CompositeImplicitAutograd") and not has(name, "AutogradPrivateUse1"):
             _lib.impl(name[len("aten::"):], _float64_kernel(name), "AutogradPrivateUse1")
+    with_cpu, composites = ops.tracked_implicit()
+    _C._register_direct(with_cpu)
+    for name in composites:
+        kernel = _tracked_implicit(name)
+        for key in ("PrivateUse1", "AutogradPrivateUse1"):
+            _lib.impl(name, kernel, key)

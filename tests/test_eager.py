@@ -898,7 +898,8 @@ def test_histc_accepts_integers_like_device_kernels():
 
 def test_linear_backward_is_a_device_kernel():
     """TorchNeuron registers aten::linear_backward (ATen's CPU has no kernel for it): its
-    gradients match autograd's on CPU, masked-off ones are empty, and it is tracked as
+    gradients match autograd's on CPU, masked-off ones are None (as TorchNeuron's and
+    MKLDNN's kernels return, so `.grad = ...` accepts them), and it is tracked as
     executed, not as a CPU fallback."""
     import torch_neuronx
 
@@ -917,7 +918,12 @@ def test_linear_backward_is_a_device_kernel():
     assert not any("linear" in op for op in torch_neuronx.get_fallback_ops())
     only_input = torch.ops.aten.linear_backward(x.detach().to("neuron"), g.to("neuron"),
                                                 w.detach().to("neuron"), [True, False, False])
-    assert only_input[1].numel() == only_input[2].numel() == 0
+    assert only_input[1] is None and only_input[2] is None
+    torch.testing.assert_close(only_input[0].cpu(), x.grad)
+    wn = w.detach().to("neuron")
+    wn.grad = torch.ops.aten.linear_backward(x.detach().to("neuron"), g.to("neuron"), wn,
+                                             [False, True, False])[0]
+    assert wn.grad is None
 
 
 def test_histc_out_dtype_mismatch_is_torchneuron_error(monkeypatch):

@@ -66,17 +66,19 @@ def _histc_out(self: torch.Tensor, bins: int = 100, min: float = 0, max: float =
 
 
 def _linear_backward(self: torch.Tensor, grad_output: torch.Tensor, weight: torch.Tensor,
-                     output_mask: list[bool]) -> tuple[torch.Tensor, ...]:
+                     output_mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
     """TorchNeuron's device kernel for `linear_backward` (CPU has none: ATen implements it
-    for MKLDNN only): the input, weight and bias gradients of `linear`, where output_mask
-    asks for them (an empty tensor where it does not)."""
+    for MKLDNN only): the input, weight and bias gradients of `linear`, None where
+    output_mask does not ask for them (as MKLDNN's and TorchNeuron's kernels return; the
+    weight and bias gradients are computed together, as TorchNeuron's kernel does)."""
     x, g, w = (_C._cpu_alias(t) for t in (self, grad_output, weight))
     g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
-    empty = torch.empty(0, dtype=g.dtype)
-    outs = [g @ w if output_mask[0] else empty, g2.t() @ x2 if output_mask[1] else empty,
-            g2.sum(0) if output_mask[2] else empty]
+    outs: list[torch.Tensor | None] = [g @ w if output_mask[0] else None, None, None]
+    if output_mask[1] or output_mask[2]:
+        outs[1:] = [g2.t() @ x2, g2.sum(0)]
     _C._record_executed("aten::linear_backward", "")
-    return tuple(_C._bridge_out(outs, self.device.index))
+    moved = iter(_C._bridge_out([t for t in outs if t is not None], self.device.index))
+    return tuple(None if t is None else next(moved) for t in outs)
 
 
 _composite = torch._C.DispatchKey.CompositeImplicitAutograd

@@ -191,8 +191,9 @@ def test_ops_torchneuron_registers_are_tracked_by_their_own_name():
 def test_every_composite_torchneuron_registers_is_tracked_by_name():
     """The placement table decides, not a list: every CompositeImplicitAutograd op placed on
     the device has a neuron kernel, so `linear`, `_fused_rms_norm` (which TorchNeuron's
-    rms_norm runs), `silu_backward` and the SyncBatchNorm helpers are tracked under their
-    own names, in inference mode too, with CPU's results and gradients."""
+    rms_norm runs; its gradients from `_fused_rms_norm_backward`, as there), `silu_backward`
+    and the SyncBatchNorm helpers are tracked under their own names, in inference mode too,
+    with CPU's results and gradients."""
     from neuronlocal.eager import ops
 
     has = torch._C._dispatch_has_kernel_for_dispatch_key
@@ -213,7 +214,8 @@ def test_every_composite_torchneuron_registers_is_tracked_by_name():
         torch.batch_norm_stats(xn.detach(), 1e-5)
     ran = torch_neuronx.get_executed_ops()
     for op, calls in (("aten::linear", 2), ("aten::rms_norm", 1), ("aten::_fused_rms_norm", 1),
-                      ("aten::silu_backward", 1), ("aten::batch_norm_stats", 1)):
+                      ("aten::_fused_rms_norm_backward", 1), ("aten::silu_backward", 1),
+                      ("aten::batch_norm_stats", 1)):
         assert ran.get(op) == calls, (op, ran)
     want = [torch.nn.functional.linear(xc, wc), torch.nn.functional.rms_norm(xc, (8,), gc),
             torch.nn.functional.silu(xc)]

@@ -7,7 +7,8 @@
 - `contiguous`: TorchNeuron's memory-format contract (`preserve_format` is accepted).
 - `linear_backward`: a device kernel TorchNeuron registers and ATen's CPU lacks.
 - `rms_norm`: TorchNeuron's kernel computes through `_fused_rms_norm` (16-bit inputs with
-  a weight of another dtype in float32), so `_fused_rms_norm` runs and is tracked.
+  a weight of another dtype in float32), a device kernel whose gradients come from torch's
+  formula, `_fused_rms_norm_backward` (a device kernel too; ATen's CPU has neither).
 - CompositeImplicitAutograd ops TorchNeuron registers device kernels for (`linear`,
   `isfinite`, ...; `ops.tracked_implicit`): recorded under their own name.
 - SyncBatchNorm's helper ops, which ATen has for CUDA only (sync_batch_norm.py).
@@ -119,6 +120,36 @@ def _rms_norm(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor
     return torch.ops.aten._fused_rms_norm(x, normalized_shape, weight, eps)[0].to(dtype)
 
 
+def _fused_rms_norm(x: torch.Tensor, normalized_shape: list[int],
+                    weight: torch.Tensor | None = None, eps: float | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """TorchNeuron's `_fused_rms_norm` device kernel (torch has only a composite for it): the
+    composite on the host bytes, tracked; registered below autograd, so gradients come from
+    torch's formula, `_fused_rms_norm_backward`, as on TorchNeuron."""
+    _C._record_executed("aten::_fused_rms_norm", "")
+    w = None if weight is None else _C._cpu_alias(weight)
+    out, rstd = torch.ops.aten._fused_rms_norm.default.decompose(
+        _C._cpu_alias(x), normalized_shape, w, eps)
+    return tuple(_C._bridge_out([out, rstd], x.device.index))
+
+
+def _fused_rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, normalized_shape: list[int],
+                             rstd: torch.Tensor, weight: torch.Tensor | None,
+                             output_mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
+    """TorchNeuron's `_fused_rms_norm_backward` device kernel (ATen's CPU has none): torch's
+    decomposition on the host bytes, tracked; None where output_mask leaves a gradient out."""
+    from torch._decomp import decomposition_table
+
+    _C._record_executed("aten::_fused_rms_norm_backward", "")
+    host = [_C._cpu_alias(t) for t in (grad, x, rstd)]
+    w = None if weight is None else _C._cpu_alias(weight)
+    outs = decomposition_table[torch.ops.aten._fused_rms_norm_backward.default](
+        host[0], host[1], normalized_shape, host[2], w, output_mask)
+    outs = [o if m else None for o, m in zip(outs, output_mask, strict=True)]
+    moved = iter(_C._bridge_out([o for o in outs if o is not None], x.device.index))
+    return tuple(None if o is None else next(moved) for o in outs)
+
+
 def _contiguous(self: torch.Tensor,
                 memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
     """TorchNeuron's contiguous: `preserve_format` means contiguous; other formats
@@ -171,6 +202,8 @@ def register() -> None:
     _lib.impl("linear_backward", _linear_backward, "PrivateUse1")
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         _lib.impl("rms_norm", _rms_norm, key)
+    _lib.impl("_fused_rms_norm", _fused_rms_norm, "PrivateUse1")
+    _lib.impl("_fused_rms_norm_backward", _fused_rms_norm_backward, "PrivateUse1")
     sync_batch_norm.register(_lib)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in sorted(ops.float64_ops()):

@@ -123,31 +123,26 @@ def _rms_norm(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor
 def _fused_rms_norm(x: torch.Tensor, normalized_shape: list[int],
                     weight: torch.Tensor | None = None, eps: float | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TorchNeuron's `_fused_rms_norm` device kernel (torch has only a composite for it): the
-    composite on the host bytes, tracked; registered below autograd, so gradients come from
-    torch's formula, `_fused_rms_norm_backward`, as on TorchNeuron."""
+    """TorchNeuron's `_fused_rms_norm` device kernel (torch has only a composite for it):
+    tracked, then the composite on the neuron tensors (so a dry run stays data-less);
+    registered below autograd, so gradients come from torch's formula,
+    `_fused_rms_norm_backward`, as on TorchNeuron."""
     _C._record_executed("aten::_fused_rms_norm", "")
-    w = None if weight is None else _C._cpu_alias(weight)
-    out, rstd = torch.ops.aten._fused_rms_norm.default.decompose(
-        _C._cpu_alias(x), normalized_shape, w, eps)
-    return tuple(_C._bridge_out([out, rstd], x.device.index))
+    return torch.ops.aten._fused_rms_norm.default.decompose(x, normalized_shape, weight, eps)
 
 
 def _fused_rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, normalized_shape: list[int],
                              rstd: torch.Tensor, weight: torch.Tensor | None,
                              output_mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
-    """TorchNeuron's `_fused_rms_norm_backward` device kernel (ATen's CPU has none): torch's
-    decomposition on the host bytes, tracked; None where output_mask leaves a gradient out."""
+    """TorchNeuron's `_fused_rms_norm_backward` device kernel (ATen's CPU has none): tracked,
+    then torch's decomposition on the neuron tensors; None where output_mask leaves a
+    gradient out."""
     from torch._decomp import decomposition_table
 
     _C._record_executed("aten::_fused_rms_norm_backward", "")
-    host = [_C._cpu_alias(t) for t in (grad, x, rstd)]
-    w = None if weight is None else _C._cpu_alias(weight)
     outs = decomposition_table[torch.ops.aten._fused_rms_norm_backward.default](
-        host[0], host[1], normalized_shape, host[2], w, output_mask)
-    outs = [o if m else None for o, m in zip(outs, output_mask, strict=True)]
-    moved = iter(_C._bridge_out([o for o in outs if o is not None], x.device.index))
-    return tuple(None if o is None else next(moved) for o in outs)
+        grad, x, normalized_shape, rstd, weight, output_mask)
+    return tuple(o if m else None for o, m in zip(outs, output_mask, strict=True))
 
 
 def _contiguous(self: torch.Tensor,

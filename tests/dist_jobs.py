@@ -245,6 +245,55 @@ def contract(out: Path) -> None:
     (out / f"contract_{r}.json").write_text(json.dumps(res))
 
 
+def list_forms(out: Path) -> None:
+    """TorchNeuron's list forms of the collectives on each rank, and clear errors for the
+    lists they refuse (gloo would read past a short list or stop the process)."""
+    dist.init_process_group(backend="neuron")
+    r, w = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("neuron", torch.neuron.current_device())
+    res: dict[str, Any] = {}
+    base = torch.arange(12. * w).view(2 * w, 6)  # one tensor, scattered along dim 0 or 1
+    want = base * w + sum(range(w))
+    o = torch.empty(2, 6, device=dev)
+    dist.reduce_scatter(o, [(base + r).to(dev)])
+    res["rs_dim0"] = o.cpu().tolist() == want[2 * r: 2 * r + 2].tolist()
+    wide = base.view(2, 6 * w)
+    o = torch.empty(2, 6, device=dev)
+    dist.reduce_scatter(o, [(wide + r).to(dev)])
+    res["rs_dim1"] = o.cpu().tolist() == (wide * w + sum(range(w)))[:, 6 * r: 6 * r + 6].tolist()
+    for name, call in [
+        ("rs_wrong_size", lambda: dist.reduce_scatter(torch.ones(3, device=dev),
+                                                      [torch.ones(8, device=dev)])),
+        ("rs_empty_list", lambda: dist.reduce_scatter(torch.ones(2, device=dev), [])),
+        ("rs_identical", lambda: dist.reduce_scatter(torch.ones(4, 4, device=dev),
+                                                     [torch.ones(4, 4, device=dev)])),
+        ("rs_empty", lambda: dist.reduce_scatter(torch.ones(2, device=dev),
+                                                 [torch.ones(0, device=dev)] * w)),
+        ("rs_list_size", lambda: dist.reduce_scatter(torch.ones(2, device=dev),
+                                                     [torch.ones(2, device=dev)] * (w + 1))),
+        ("a2a_short", lambda: dist.all_to_all([torch.zeros(3, device=dev)] * w,
+                                              [torch.ones(3, device=dev)] * (w - 1))),
+        ("a2a_long", lambda: dist.all_to_all([torch.zeros(3, device=dev)] * (w + 1),
+                                             [torch.ones(3, device=dev)] * w)),
+        ("ag_empty", lambda: dist.all_gather([torch.ones(0, device=dev)] * w,
+                                             torch.ones(0, device=dev))),
+        ("agc_empty", lambda: dist.all_gather_coalesced([[torch.ones(0, device=dev)] * w],
+                                                        [torch.ones(0, device=dev)])),
+    ]:
+        res[name] = _error(call)
+        dist.barrier()
+    t = torch.full((3,), float(r + 1), device=dev)
+    dist.reduce(t, dst=0)
+    res["reduce"] = t.cpu().tolist()
+    ins = [torch.full((2, 2), r + 1., device=dev), torch.full((3,), r + 5., device=dev)]
+    outs = [[torch.zeros(2, 2, device=dev) for _ in range(w)],
+            [torch.zeros(3, device=dev) for _ in range(w)]]
+    dist.all_gather_coalesced(outs, ins)
+    res["agc"] = [[float(t.mean()) for t in lst] for lst in outs]
+    dist.destroy_process_group()
+    (out / f"lists_{r}.json").write_text(json.dumps(res))
+
+
 # --- training validation -----------------------------------------------------------------
 class Block(nn.Module):
     def __init__(self) -> None:
@@ -605,8 +654,8 @@ def sft(out: Path, device_type: str, backend: str, compiled: bool) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("job", choices=["collectives", "contract", "train", "die", "mismatch",
-                                   "exit", "sft", "syncbn", "pg_timeout"])
+    p.add_argument("job", choices=["collectives", "contract", "lists", "train", "die",
+                                   "mismatch", "exit", "sft", "syncbn", "pg_timeout"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="neuron")
     p.add_argument("--backend", default="neuron")
@@ -620,6 +669,8 @@ def main() -> None:
         collectives(a.out)
     elif a.job == "contract":
         contract(a.out)
+    elif a.job == "lists":
+        list_forms(a.out)
     elif a.job == "train":
         train(a.out, a.device, a.backend, a.modes.split(","), a.compiled, a.model, a.divide)
     elif a.job == "die":

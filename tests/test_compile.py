@@ -423,8 +423,8 @@ def test_default_compiler_builds_no_code(monkeypatch):
                                              ("cpu", "eager")])
 def test_compiled_dropout_draws_what_eager_draws(monkeypatch, device, compiler):
     """After manual_seed, a compiled dropout keeps exactly the elements eager keeps (the
-    default compiler draws from the core's generator, as TorchNeuron's compiled graphs take
-    their masks from the device generator; Inductor's graphs, which CPU inputs get too, run
+    default compiler draws from CPU's global generator, as TorchNeuron's compiled graphs take
+    their masks from CPU's native_dropout; Inductor's graphs, which CPU inputs get too, run
     ATen's random kernels instead of Inductor's own random numbers)."""
     monkeypatch.setenv("NEURONLOCAL_COMPILER", compiler)
     x = torch.ones(4096, device=device, requires_grad=True)
@@ -444,8 +444,9 @@ def test_compiled_dropout_draws_what_eager_draws(monkeypatch, device, compiler):
 
 def test_checkpointed_dropout_replays_its_mask_in_backward():
     """Activation checkpointing with dropout inside, compiled: AOTAutograd's RNG wrappers
-    save the core's generator state in forward and replay it in backward, so loss and
-    gradients are eager's exactly (TRL trains with checkpointing on by default)."""
+    save CPU's generator state (which random ops on neuron draw from) in forward and replay
+    it in backward, so loss and gradients are eager's exactly (TRL trains with checkpointing
+    on by default)."""
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)

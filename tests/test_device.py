@@ -199,18 +199,35 @@ def test_neuron_profiler_writes_pytorch_trace(tmp_path):
     assert "aten::sum" in (tmp_path / "pytorch_trace.json").read_text()
 
 
-def test_rng_matches_cpu_and_state():
+def test_random_ops_continue_cpus_stream():
+    """TorchNeuron has no device kernel for normal_/uniform_/random_: its CPU fallback draws
+    from CPU's global generator, so seed, draw on CPU, draw on neuron gives what drawing
+    twice on CPU gives, and restoring CPU's state (not the core's) replays a neuron draw."""
     torch.manual_seed(123)
-    a = torch.randn(8)
+    want = [torch.randn(3, 4), torch.randn(3, 4), torch.rand(5), torch.randint(0, 9, (6,)),
+            torch.empty(7).normal_(2.0, 3.0), torch.empty(7).uniform_(-1, 1),
+            torch.empty(7).random_(0, 50), torch.randn(2)]
     torch.manual_seed(123)
-    b = torch.randn(8, device="neuron")
-    assert torch.equal(a, b.cpu())
-    state = torch.neuron.get_rng_state()
-    x = torch.rand(4, device="neuron")
-    torch.neuron.set_rng_state(state)
-    assert torch.equal(x, torch.rand(4, device="neuron"))
-    torch.neuron.manual_seed(5)
+    x = torch.randn(3, 4)
+    xn = x.to("neuron")
+    got = [x, torch.randn_like(xn), torch.rand(5, device="neuron"),
+           torch.randint(0, 9, (6,), device="neuron"),
+           torch.empty(7, device="neuron").normal_(2.0, 3.0),
+           torch.empty(7, device="neuron").uniform_(-1, 1),
+           torch.empty(7, device="neuron").random_(0, 50), torch.randn(2)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.cpu(), w)
+    assert got[1].device.type == "neuron"
+    state = torch.get_rng_state()
+    a = torch.rand(4, device="neuron")
+    torch.set_rng_state(state)
+    assert torch.equal(torch.rand(4, device="neuron").cpu(), a.cpu())
+    torch.manual_seed(9)
+    b = torch.rand(4, device="neuron")
+    torch.manual_seed(9)
+    torch.neuron.manual_seed(5)  # the core's state only, as TorchNeuron's
     assert torch.neuron.initial_seed() == 5
+    assert torch.equal(torch.rand(4, device="neuron").cpu(), b.cpu())
 
 
 def test_torch_neuronx_and_transformers_detection():
@@ -423,17 +440,22 @@ def _state(device: int = 0) -> tuple[int, int]:
 
 
 def test_rng_state_is_seed_and_offset():
-    """16 bytes as TorchNeuron's: the seed, then the offset, which counts the 32-bit words
-    drawn since seeding (one per float32 uniform)."""
-    torch.neuron.manual_seed(11)
+    """16 bytes as TorchNeuron's: the seed, then the offset. Draws without a generator come
+    from CPU's global generator and leave the core's state as it is (TorchNeuron's eager
+    draws never reach its generator); a neuron generator passed in counts the 32-bit words
+    it drew (one per float32 uniform)."""
+    torch.manual_seed(11)
     assert _state() == (11, 0)
     torch.rand(5, device="neuron")
-    assert _state() == (11, 5)
-    torch.rand(2000, device="neuron")  # past the engine's 624-word block: three refills
-    assert _state() == (11, 2005)
-    gen = torch_neuronx_default_generator(0)
-    assert gen.device == torch.device("neuron:0")
+    torch.nn.functional.dropout(torch.ones(64, device="neuron"), 0.5)
+    assert _state() == (11, 0)
+    gen = torch.Generator(device="neuron").manual_seed(11)
+    torch.rand(5, device="neuron", generator=gen)
+    assert gen.get_offset() == 5
+    torch.rand(2000, device="neuron", generator=gen)  # past the engine's 624-word block
     assert gen.initial_seed() == 11 and gen.get_offset() == 2005
+    default = torch_neuronx_default_generator(0)
+    assert default.device == torch.device("neuron:0") and default.get_offset() == 0
 
 
 def torch_neuronx_default_generator(index: int) -> torch.Generator:
@@ -444,29 +466,30 @@ def torch_neuronx_default_generator(index: int) -> torch.Generator:
 
 @pytest.mark.parametrize("fresh", [False, True])
 def test_rng_state_restores_the_stream(fresh):
-    """A state read here is restored exactly; one from elsewhere (a fresh generator has not
-    seen it) is rebuilt from seed and offset, and draws the same numbers."""
-    torch.manual_seed(5)
-    torch.rand(1500, device="neuron")
-    torch.randn(64, device="neuron")
-    torch.nn.functional.dropout(torch.ones(700, device="neuron"), 0.3)
-    state = torch.neuron.get_rng_state()
-    want = [torch.rand(1000, device="neuron").cpu(), torch.randint(0, 9, (64,), device="neuron")]
-    gen = torch.Generator(device="neuron") if fresh else torch_neuronx_default_generator(0)
+    """A neuron generator's state read here is restored exactly; one from elsewhere (a fresh
+    generator has not seen it) is rebuilt from seed and offset, and draws the same numbers."""
+    source = torch.Generator(device="neuron").manual_seed(5)
+    torch.rand(1500, device="neuron", generator=source)
+    torch.randn(64, device="neuron", generator=source)
+    state = source.get_state()
+    want = [torch.rand(1000, device="neuron", generator=source).cpu(),
+            torch.randint(0, 9, (64,), device="neuron", generator=source).cpu()]
+    gen = torch.Generator(device="neuron") if fresh else source
     gen.set_state(state.clone())
     got = [torch.rand(1000, device="neuron", generator=gen).cpu(),
-           torch.randint(0, 9, (64,), device="neuron", generator=gen)]
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1].cpu(), want[1].cpu())
-    assert gen.get_state()[8:].tolist() == torch.neuron.get_rng_state()[8:].tolist()
+           torch.randint(0, 9, (64,), device="neuron", generator=gen).cpu()]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert gen.get_state()[8:].tolist() == source.get_state()[8:].tolist()
 
 
 def test_rng_state_accepts_a_seed_alone_and_refuses_other_sizes():
     seed = torch.tensor([7], dtype=torch.int64).view(torch.uint8)
     torch.neuron.set_rng_state(seed)
     assert _state() == (7, 0)
-    torch.manual_seed(7)
-    want = torch.rand(3)
-    assert torch.equal(torch.rand(3, device="neuron").cpu(), want)
+    gen = torch.Generator(device="neuron")
+    gen.set_state(seed)
+    assert torch.equal(torch.rand(3, device="neuron", generator=gen).cpu(),
+                       torch.rand(3, generator=torch.Generator().manual_seed(7)))
     with pytest.raises(RuntimeError, match="RNG state is wrong size"):
         torch.neuron.set_rng_state(torch.get_rng_state())  # CPU's 5056-byte state
 
@@ -493,8 +516,9 @@ def test_new_streams_are_the_default_stream_unless_host_cc(monkeypatch):
 
 
 def test_eager_checkpoint_replays_the_dropout_mask():
-    """torch.utils.checkpoint saves and restores the core's generator state (it does so once
-    `torch.neuron._initialized` says the runtime runs): recomputed masks are the forward's."""
+    """torch.utils.checkpoint saves and restores CPU's generator state, which dropout on
+    neuron draws from (and the core's, once `torch.neuron._initialized` says the runtime
+    runs): recomputed masks are the forward's."""
     from torch.utils.checkpoint import checkpoint
 
     lin = torch.nn.Linear(16, 16).to("neuron")

@@ -310,6 +310,32 @@ def test_torchneuron_group_contract_and_spmd_cache_keys_on_two_ranks(tmp_path):
     assert len(res[0]["keys"]) == 1 and res[0]["keys"] == res[1]["keys"], res
 
 
+def test_list_forms_of_collectives_as_torchneuron_on_two_ranks(tmp_path):
+    """reduce_scatter of one tensor scatters along the dimension its output divides;
+    reduce changes the root's tensor only; all_gather_coalesced takes TorchNeuron's layout
+    (one output list per input, shapes may differ); lists TorchNeuron refuses are clear
+    ValueErrors naming the fix, never a crash."""
+    r = torchrun(["lists", "--out", str(tmp_path)], 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    errors = {"rs_wrong_size": "input size (8) must be evenly divisible by replica group size",
+              "rs_empty_list": "no input tensors provided",
+              "rs_identical": "when input and output shapes are identical, replica group must "
+                              "have size 1, got 2",
+              "rs_empty": "tensors cannot be empty, found empty tensors at indices",
+              "rs_list_size": "replica group size (2) must equal number of input tensors (3)",
+              "a2a_short": "number of input tensors (1) must equal world size (2)",
+              "a2a_long": "number of output tensors (3) must equal world size (2)",
+              "ag_empty": "tensors cannot have zero size in dimension 0, found: tensor[0]: [0]",
+              "agc_empty": "tensors cannot have zero size in dimension 0"}
+    for rank, got in enumerate(results(tmp_path, "lists", 2)):
+        assert got["rs_dim0"] is True and got["rs_dim1"] is True, got
+        for name, text in errors.items():
+            assert got[name].startswith("ValueError: neuron backend:") and text in got[name], \
+                (rank, name, got[name])
+        assert got["reduce"] == ([3.0] * 3 if rank == 0 else [2.0] * 3)
+        assert got["agc"] == [[1.0, 2.0], [5.0, 6.0]]
+
+
 def test_sync_batch_norm_trains_on_two_ranks(tmp_path):
     r = torchrun(["syncbn", "--out", str(tmp_path)], 2)
     assert r.returncode == 0, r.stderr[-3000:]

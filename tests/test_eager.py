@@ -530,26 +530,47 @@ def test_same_seed_same_numbers_as_cpu(dev):
     torch.testing.assert_close(got[-1][mask].cpu(), torch.full((int(mask.sum()),), 1 / 0.6))
 
 
-def test_rng_streams_are_per_core():
+def test_rng_stream_is_cpus_across_cores():
+    """Every core draws from CPU's global generator, as TorchNeuron's CPU fallback does: draws
+    on neuron:0, neuron:1 and CPU continue one stream, and seeding a core's generator changes
+    its state, not the draws. A neuron generator passed in draws CPU's stream for its seed."""
     torch.manual_seed(0)
-    ref0 = torch.randn(5)
-    torch.manual_seed(7)
-    ref7 = torch.randn(5)
+    want = torch.randn(15)
     torch.manual_seed(0)
     with torch.neuron.device(1):
-        torch.neuron.manual_seed(7)  # seeds the current core only
-    assert torch.equal(torch.randn(5, device="neuron:0").cpu(), ref0)
-    assert torch.equal(torch.randn(5, device="neuron:1").cpu(), ref7)
-    torch.manual_seed(0)
-    torch.randn(100, device="neuron:0")  # draws on core 0 do not advance core 1
-    assert torch.equal(torch.randn(5, device="neuron:1").cpu(), ref0)
-    states = torch.neuron.get_rng_state_all()
-    first = [torch.rand(3, device=f"neuron:{i}").cpu() for i in range(4)]
-    torch.neuron.set_rng_state_all(states)
-    assert all(torch.equal(torch.rand(3, device=f"neuron:{i}").cpu(), first[i]) for i in range(4))
+        torch.neuron.manual_seed(7)
+    got = torch.cat([torch.randn(5, device="neuron:0").cpu(),
+                     torch.randn(5, device="neuron:1").cpu(), torch.randn(5)])
+    assert torch.equal(got, want)
     g = torch.Generator(device="neuron").manual_seed(3)
     assert torch.equal(torch.randn(4, device="neuron", generator=g).cpu(),
                        torch.randn(4, generator=torch.Generator().manual_seed(3)))
+
+
+def test_native_dropout_as_torchneuron():
+    """TorchNeuron's native_dropout draws its keep mask from CPU's global generator (CPU's
+    mask after the same seed), draws nothing for p of 0 or 1 or in eval mode, and refuses a
+    p outside [0, 1] in training."""
+    x = torch.randn(6, 40)
+    torch.manual_seed(3)
+    want, want_mask = torch.native_dropout(x, 0.3, True)
+    after = torch.rand(3)
+    torch.manual_seed(3)
+    got, mask = torch.native_dropout(x.to("neuron"), 0.3, True)
+    assert torch.equal(got.cpu(), want) and torch.equal(mask.cpu(), want_mask)
+    assert mask.dtype == torch.bool and mask.device.type == "neuron"
+    assert torch.equal(torch.rand(3, device="neuron").cpu(), after)
+    torch.manual_seed(4)
+    want = torch.rand(3)
+    torch.manual_seed(4)
+    for p, train in ((0.0, True), (1.0, True), (0.5, False), (1.5, False)):
+        out, mask = torch.native_dropout(x.to("neuron"), p, train)
+        assert bool(mask.all()) == (p != 1.0 or not train)
+        assert torch.equal(out.cpu(), x * 0 if p == 1.0 and train else x)
+    assert torch.equal(torch.rand(3, device="neuron").cpu(), want)
+    for p in (-0.5, 1.1):
+        with pytest.raises(RuntimeError, match="dropout probability has to be between 0 and 1"):
+            torch.native_dropout(x.to("neuron"), p, True)
 
 
 # ---- Trainium numerics: 64-bit computed as 32-bit ----------------------------------------------
@@ -877,7 +898,8 @@ def test_histc_accepts_integers_like_device_kernels():
 
 def test_linear_backward_is_a_device_kernel():
     """TorchNeuron registers aten::linear_backward (ATen's CPU has no kernel for it): its
-    gradients match autograd's on CPU, masked-off ones are empty, and it is tracked as
+    gradients match autograd's on CPU, masked-off ones are None (as TorchNeuron's and
+    MKLDNN's kernels return, so `.grad = ...` accepts them), and it is tracked as
     executed, not as a CPU fallback."""
     import torch_neuronx
 
@@ -896,7 +918,12 @@ def test_linear_backward_is_a_device_kernel():
     assert not any("linear" in op for op in torch_neuronx.get_fallback_ops())
     only_input = torch.ops.aten.linear_backward(x.detach().to("neuron"), g.to("neuron"),
                                                 w.detach().to("neuron"), [True, False, False])
-    assert only_input[1].numel() == only_input[2].numel() == 0
+    assert only_input[1] is None and only_input[2] is None
+    torch.testing.assert_close(only_input[0].cpu(), x.grad)
+    wn = w.detach().to("neuron")
+    wn.grad = torch.ops.aten.linear_backward(x.detach().to("neuron"), g.to("neuron"), wn,
+                                             [False, True, False])[0]
+    assert wn.grad is None
 
 
 def test_histc_out_dtype_mismatch_is_torchneuron_error(monkeypatch):
@@ -1014,7 +1041,7 @@ def test_sdpa_overrideable_backend_runs_torchneuron_kernel(kwargs):
 
 
 def test_sdpa_overrideable_dropout_is_seeded_and_differentiable():
-    """Dropout on the overrideable kernel draws from the core's generator (same seed, same
+    """Dropout on the overrideable kernel draws from CPU's global generator (same seed, same
     result) and backward replays the same mask: the gradient matches a finite difference."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -1022,7 +1049,7 @@ def test_sdpa_overrideable_dropout_is_seeded_and_differentiable():
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run(qq: torch.Tensor) -> torch.Tensor:
-        torch.neuron.manual_seed(7)
+        torch.manual_seed(7)
         with sdpa_kernel([SDPBackend.OVERRIDEABLE]):
             return sdpa(qq, k, v, dropout_p=0.4)
 

@@ -188,6 +188,46 @@ def test_ops_torchneuron_registers_are_tracked_by_their_own_name():
     assert torch_neuronx.get_executed_ops()["aten::isfinite"] == 1
 
 
+def test_every_composite_torchneuron_registers_is_tracked_by_name():
+    """The placement table decides, not a list: every CompositeImplicitAutograd op placed on
+    the device has a neuron kernel, so `linear`, `_fused_rms_norm` (which TorchNeuron's
+    rms_norm runs; its gradients from `_fused_rms_norm_backward`, as there), `silu_backward`
+    and the SyncBatchNorm helpers are tracked under their own names, in inference mode too,
+    with CPU's results and gradients."""
+    from neuronlocal.eager import ops
+
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    missing = [n for n, e in ops.table()["ops"].items()
+               if e["placement"] == "device" and has(n, "CompositeImplicitAutograd")
+               and not has(n, "PrivateUse1") and not has(n, "AutogradPrivateUse1")]
+    assert missing == []
+    torch.manual_seed(0)
+    x, w, g = torch.randn(4, 8), torch.randn(3, 8), torch.randn(8)
+    xn, wn, gn = (t.to("neuron").requires_grad_(True) for t in (x, w, g))
+    xc, wc, gc = (t.clone().requires_grad_(True) for t in (x, w, g))
+    tracking.clear_op_tracking()
+    outs = [torch.nn.functional.linear(xn, wn), torch.nn.functional.rms_norm(xn, (8,), gn),
+            torch.nn.functional.silu(xn)]
+    sum(o.sum() for o in outs).backward()
+    with torch.inference_mode():
+        torch.nn.functional.linear(xn.detach(), wn.detach())
+        torch.batch_norm_stats(xn.detach(), 1e-5)
+    ran = torch_neuronx.get_executed_ops()
+    for op, calls in (("aten::linear", 2), ("aten::rms_norm", 1), ("aten::_fused_rms_norm", 1),
+                      ("aten::_fused_rms_norm_backward", 1), ("aten::silu_backward", 1),
+                      ("aten::batch_norm_stats", 1)):
+        assert ran.get(op) == calls, (op, ran)
+    want = [torch.nn.functional.linear(xc, wc), torch.nn.functional.rms_norm(xc, (8,), gc),
+            torch.nn.functional.silu(xc)]
+    sum(o.sum() for o in want).backward()
+    for got, ref in zip([*outs, xn.grad, wn.grad, gn.grad], [*want, xc.grad, wc.grad, gc.grad],
+                        strict=True):
+        torch.testing.assert_close(got.detach().cpu(), ref.detach())
+    half = torch.nn.functional.rms_norm(xn.detach().bfloat16(), (8,), gn.detach())
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.cpu(), torch.nn.functional.rms_norm(x, (8,), g).bfloat16())
+
+
 def test_strict_names_the_op_that_falls_back(placement_policy):
     a = torch.randn(3).to("neuron")
     placement_policy(strict=True)

@@ -5,8 +5,12 @@ Registered as `torch.neuron` by `neuronlocal/__init__.py`. Device selection, str
 events go through the C++ device guard, so `torch.accelerator`, `torch.Stream` and
 autograd see the same current device. The runtime starts at the first device use (the
 core count is read then, core/state.py); seeding before it is queued until it starts.
-Each logical core has its own generator, with TorchNeuron's 16-byte (seed, offset) state,
-drawing CPU's stream for its seed (csrc/generator.cpp): a seed gives the numbers CPU gives.
+Each logical core has a generator with TorchNeuron's 16-byte (seed, offset) state
+(csrc/generator.cpp). As on TorchNeuron, random ops on neuron tensors (`randn_like`,
+`normal_`, dropout, ...) run on the host and draw from CPU's global generator unless a
+generator is passed: `torch.manual_seed` fixes them, the stream continues across CPU and
+neuron draws, and `torch.neuron.manual_seed` / `set_rng_state` set the core's state without
+changing what they draw. A neuron generator passed explicitly draws CPU's stream for its seed.
 
 With a bad environment variable the device is unavailable, as CUDA is with a broken driver:
 `is_available()` returns False (and warns once with the reason), seeding is a no-op (so
@@ -342,7 +346,7 @@ def _seeding(fn: Any) -> None:
 
 
 def manual_seed(seed: int) -> None:
-    """Seeds the current core's generator."""
+    """Seeds the current core's generator (its state; draws without a generator use CPU's)."""
     _seeding(lambda: _generator().manual_seed(int(seed)))
 
 
@@ -370,7 +374,8 @@ def initial_seed() -> int:
 
 def get_rng_state(device: Device = None) -> torch.Tensor:
     """The core's state as TorchNeuron's: 16 uint8, the seed (uint64) then the offset (int64,
-    the 32-bit words drawn since seeding)."""
+    the 32-bit words drawn from this generator when passed explicitly; CPU's draws do not
+    move it)."""
     return _generator(device).get_state()
 
 

@@ -2,10 +2,10 @@
 
 TorchNeuron hands AOTAutograd's forward and backward graphs to neuronx-cc. Here they run op
 by op on neuron tensors through the same dispatch as eager mode: op placement, CPU-fallback
-tracking, the 64-bit rule, HBM accounting and the core's random generator (compiled dropout
-draws what eager draws). A compile therefore costs Dynamo's trace plus AOTAutograd's, with
-no code generation and no C++ build. Tensor subclasses (DTensor) are desugared by the same
-AOTAutograd call, so their graphs run on the inner neuron tensors.
+tracking, the 64-bit rule, HBM accounting and random ops drawing from CPU's global generator
+(compiled dropout draws what eager draws). A compile therefore costs Dynamo's trace plus
+AOTAutograd's, with no code generation and no C++ build. Tensor subclasses (DTensor) are
+desugared by the same AOTAutograd call, so their graphs run on the inner neuron tensors.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from typing import Any
 import torch
 from torch import fx
 
-from neuronlocal import device as neuron
-
 
 def _neuron_rng_wrappers() -> None:
     """Activation checkpointing under compile: AOTAutograd's partitioner replays a
     checkpointed region's random ops in the backward with the generator state the forward
     saw, through two wrappers (`run_and_save_rng_state`, `run_with_rng_state`) that know
-    CPU, CUDA, HPU and XPU only. Neuron gets the same on the core's generator, in the three
-    places they dispatch: at run time, on fake tensors, and while AOTAutograd traces."""
+    CPU, CUDA, HPU and XPU only. Random ops on neuron draw from CPU's global generator (as
+    TorchNeuron's CPU fallback does), so on neuron the wrappers save and restore CPU's
+    state, in the three places they dispatch: at run time, on fake tensors, and while
+    AOTAutograd traces."""
     from torch._C import DispatchKey
     from torch._higher_order_ops.utils import registered_hop_fake_fns
     from torch._prims import rng_prims
@@ -40,21 +40,16 @@ def _neuron_rng_wrappers() -> None:
     def on_neuron(args: Any, kwargs: Any) -> bool:
         return rng_prims.get_device(args, kwargs) == "neuron"
 
-    def core(args: Any, kwargs: Any) -> Any:  # the generator of the op's core
-        return kwargs.get("device") or next(a.device for a in args
-                                            if isinstance(a, torch.Tensor))
-
     def save_neuron(op: Any, *args: Any, **kwargs: Any) -> Any:
-        return neuron.get_rng_state(core(args, kwargs)), op(*args, **kwargs)
+        return torch.get_rng_state(), op(*args, **kwargs)
 
     def replay_neuron(rng_state: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-        device = core(args, kwargs)
-        current = neuron.get_rng_state(device)
-        neuron.set_rng_state(rng_state.cpu(), device)
+        current = torch.get_rng_state()
+        torch.set_rng_state(rng_state.cpu())
         try:
             return op(*args, **kwargs)
         finally:
-            neuron.set_rng_state(current, device)
+            torch.set_rng_state(current)
 
     stock_save = save.py_kernels[DispatchKey.BackendSelect]
     stock_replay = replay.py_kernels[DispatchKey.BackendSelect]

@@ -50,8 +50,9 @@ std::pair<at::Tensor, at::Tensor> probabilities(const at::Tensor& q, const at::T
   return {at::softmax(s, -1), lse};
 }
 
-// Dropout of the overrideable path: a mask drawn from a generator seeded from the core's
-// generator; the seed travels as the op's philox seed, so backward draws the same mask.
+// Dropout of the overrideable path: a mask drawn from a generator seeded from CPU's global
+// generator (TorchNeuron's kernel draws its mask there too, so the stream continues as on
+// CPU); the seed travels as the op's philox seed, so backward draws the same mask.
 at::Tensor keep_mask(const at::Tensor& p, double dropout_p, int64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
   return at::empty_like(p).bernoulli_(1.0 - dropout_p, gen).div_(1.0 - dropout_p);
@@ -81,9 +82,9 @@ sdpa_overrideable(const at::Tensor& query, const at::Tensor& key, const at::Tens
   if (dropout_p > 0) {
     auto [p, l] = probabilities(q, k, bias, is_causal, scale_of(q, scale));
     {
-      Draw draw(default_generator(idx));  // the core's generator, its offset advanced
-      seed.fill_(static_cast<int64_t>(
-          draw.generator().get<at::CPUGeneratorImpl>()->random64() >> 1));
+      auto* cpu = at::detail::getDefaultCPUGenerator().get<at::CPUGeneratorImpl>();
+      std::lock_guard<std::mutex> lock(cpu->mutex_);
+      seed.fill_(static_cast<int64_t>(cpu->random64() >> 1));
     }
     out = at::matmul(p.mul_(keep_mask(p, dropout_p, seed.item<int64_t>())), v.to(at::kFloat))
               .to(q.scalar_type());

@@ -20,6 +20,7 @@
 // every collective completes at once, recorded as in a real run, with uniform-rank
 // semantics (every rank holds this rank's data). Neuron tensors hold no bytes, so only CPU
 // tensors (object collectives) get data: gathers copy this rank's input to every slot.
+#include "collective_args.h"
 #include "dry.h"
 #include "neuron.h"
 #include "reduce_op.h"
@@ -441,6 +442,7 @@ class NeuronBackend : public c10d::Backend {
   }
   WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
                     const c10d::AllgatherOptions& o) override {
+    no_empty_rows("all_gather", ins);
     check("all_gather", ins);
     if (!gloo_) uniform_gather(outs, ins);
     return issue("all_gather", OpType::ALLGATHER, flat(outs), [&] {
@@ -462,16 +464,24 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr allgather_coalesced(std::vector<std::vector<at::Tensor>>& outs,
                               std::vector<at::Tensor>& ins,
                               const c10d::AllgatherOptions& o) override {
+    // TorchNeuron's layout (outs[i][r]: input i of rank r), one all-gather per input.
+    all_gather_coalesced_lists(outs, ins, size_);
     check("all_gather_coalesced", ins);
+    if (!gloo_) uniform_gather(outs, ins);
     return issue("all_gather_coalesced", OpType::ALLGATHER_COALESCED, flat(outs), [&] {
-      auto ao = hosts(outs);
-      auto ai = hosts(ins);
-      return std::vector<WorkPtr>{gloo_->allgather_coalesced(ao, ai, o)};
+      std::vector<WorkPtr> works;
+      for (size_t i = 0; i < ins.size(); ++i) {
+        std::vector<std::vector<at::Tensor>> ao = {hosts(outs[i])};
+        std::vector<at::Tensor> ai = {host(ins[i])};
+        works.push_back(gloo_->allgather(ao, ai, o));
+      }
+      return works;
     });
   }
   WorkPtr allgather_into_tensor_coalesced(std::vector<at::Tensor>& outs,
                                           std::vector<at::Tensor>& ins,
                                           const c10d::AllgatherOptions& o) override {
+    no_empty_rows("all_gather_into_tensor_coalesced", ins);
     check("all_gather_into_tensor_coalesced", ins);
     return issue("all_gather_into_tensor_coalesced", OpType::COALESCED, outs, [&] {
       TORCH_CHECK_VALUE(outs.size() == ins.size(), "neuron backend: all_gather_into_tensor "
@@ -490,14 +500,30 @@ class NeuronBackend : public c10d::Backend {
                          std::vector<std::vector<at::Tensor>>& ins,
                          const c10d::ReduceScatterOptions& o) override {
     auto plan = plan_reduce(o.reduceOp, outs, "reduce_scatter");
+    TORCH_CHECK_VALUE(outs.size() == 1 && ins.size() == 1, "neuron backend: reduce_scatter takes "
+                      "one output tensor and one input list, got ", outs.size(), " and ",
+                      ins.size(), ".");
+    // TorchNeuron's forms: one tensor scattered along one dimension, or world-size tensors.
+    const auto how = reduce_scatter_plan(outs[0], ins[0], size_);
     check("reduce_scatter", outs);
     return issue("reduce_scatter", OpType::REDUCE_SCATTER, outs, [&] {
-      auto ao = hosts(outs);
-      auto ai = hosts(ins);
-      for (auto& l : ai) for (auto& t : l) t = premultiplied(t, plan);
       auto g = o;
       g.reduceOp = plan.op;
-      return std::vector<WorkPtr>{gloo_->reduce_scatter(ao, ai, g)};
+      if (how.dim < 0) {
+        auto ao = hosts(outs);
+        auto ai = hosts(ins);
+        for (auto& l : ai) for (auto& t : l) t = premultiplied(t, plan);
+        return std::vector<WorkPtr>{gloo_->reduce_scatter(ao, ai, g)};
+      }
+      // The scatter dimension first, then NCCL's flat form; the result copied into place.
+      auto in = premultiplied(host(ins[0][0]).reshape(how.in_shape).movedim(how.dim, 0)
+                                  .contiguous(), plan);
+      auto out = host(outs[0]);
+      auto tmp = at::empty(out.reshape(how.out_shape).movedim(how.dim, 0).sizes(),
+                           out.options());
+      gloo_->_reduce_scatter_base(tmp, in, g)->wait();
+      out.copy_(tmp.movedim(0, how.dim).reshape(out.sizes()));
+      return std::vector<WorkPtr>{};
     });
   }
   WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
@@ -545,7 +571,10 @@ class NeuronBackend : public c10d::Backend {
     auto plan = plan_reduce(o.reduceOp, ts, "reduce");
     check("reduce", ts, o.rootRank);
     return issue("reduce", OpType::REDUCE, ts, [&] {
+      // Only the root's tensors change (as NCCL's and TorchNeuron's reduce): gloo uses the
+      // others as scratch, so they get copies.
       auto a = hosts(ts);
+      if (rank_ != o.rootRank) for (auto& t : a) t = t.clone();
       for (const auto& t : a) premultiply_(t, plan);
       auto g = o;
       g.reduceOp = plan.op;
@@ -554,6 +583,7 @@ class NeuronBackend : public c10d::Backend {
   }
   WorkPtr gather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
                  const c10d::GatherOptions& o) override {
+    no_empty_rows("gather", ins);
     check("gather", ins, o.rootRank);
     return issue("gather", OpType::GATHER, flat(outs), [&] {
       auto ao = hosts(outs);
@@ -584,14 +614,7 @@ class NeuronBackend : public c10d::Backend {
   }
   WorkPtr alltoall(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
                    const c10d::AllToAllOptions& o) override {
-    for (const auto* list : {&outs, &ins}) {
-      for (const auto& t : *list) {
-        TORCH_CHECK_VALUE(t.sizes() == ins.at(0).sizes(), "neuron backend: all_to_all supports "
-                          "only even splits (as TorchNeuron): every input and output tensor must "
-                          "have one shape, got ", t.sizes(), " and ", ins.at(0).sizes(),
-                          ". Pad the chunks to one size.");
-      }
-    }
+    all_to_all_lists(outs, ins, size_);
     check("all_to_all", ins);
     // One flat exchange; the list API is rare, so a pack/unpack copy is acceptable here.
     return issue("all_to_all", OpType::ALLTOALL, outs, [&] {

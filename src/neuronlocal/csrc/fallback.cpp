@@ -2,8 +2,10 @@
 // CPU aliases of their bytes, and the results are adopted back as neuron tensors.
 //
 // One boxed fallback covers all ops. Per op it: checks that tensors share one core
-// (CUDA's error otherwise), swaps neuron tensors for CPU aliases, injects the core's
-// generator into random ops, applies Trainium's 64-bit policy (compute in 32 bits, cast
+// (CUDA's error otherwise), swaps neuron tensors for CPU aliases, hands random ops CPU's
+// global generator (TorchNeuron's CPU fallback does: its random ops have no device kernel,
+// so seed, draw on CPU, draw on neuron gives CPU's stream) or the neuron generator passed
+// in, applies Trainium's 64-bit policy (compute in 32 bits, cast
 // back), redispatches to the CPU kernel, then maps each result back: the caller's own
 // tensor for in-place/out= results, a view on the input's storage for views, otherwise a
 // new neuron storage that owns the CPU result's bytes and counts them against the core.
@@ -555,13 +557,15 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
     }
   }
-  std::optional<Draw> draw;  // the core's stream (or a neuron generator passed in), on CPU
+  // No generator: the CPU kernel draws from CPU's global one. A neuron generator passed in
+  // draws its own stream, on CPU.
+  std::optional<Draw> draw;
   if (dry && info.generator_arg >= 0) {
     (*stack)[base + info.generator_arg] = c10::IValue();  // meta kernels draw nothing
   } else if (info.generator_arg >= 0) {
     auto& g = (*stack)[base + info.generator_arg];
-    if (g.isNone() || g.toGenerator().device().type() == kNeuron) {
-      draw.emplace(g.isNone() ? default_generator(call.index) : g.toGenerator());
+    if (!g.isNone() && g.toGenerator().device().type() == kNeuron) {
+      draw.emplace(g.toGenerator());
       g = c10::IValue(draw->generator());
     }
   }

@@ -2,12 +2,15 @@
 //
 // TorchNeuron's generator is a Philox (seed, offset) pair; its state is 16 bytes, the seed
 // (uint64) then the offset (int64), and an 8-byte state (a seed alone) is accepted too.
-// Random ops run on the host here, so the numbers come from a CPU generator (Mersenne
-// Twister) seeded with the seed: a seed gives the numbers CPU gives, op after op. The offset
-// counts the 32-bit words drawn since seeding, so (seed, offset) fixes the position in the
-// stream and set_state can rebuild it in any process. A state read in this process is
-// restored exactly (with the Box-Muller sample CPU's normal ops may keep between calls); one
-// from elsewhere is rebuilt by stepping the engine, without that cached sample.
+// TorchNeuron has no device kernel for random ops: its CPU fallback (and its dropout and
+// attention kernels) draw from CPU's global generator, so a core's default generator holds
+// a seed and an offset that eager draws do not move. A neuron generator passed to a random
+// op explicitly draws its own stream here: a CPU generator (Mersenne Twister) seeded with
+// the seed, so a seed gives the numbers CPU gives. The offset counts the 32-bit words drawn
+// since seeding, so (seed, offset) fixes the position in the stream and set_state can
+// rebuild it in any process. A state read in this process is restored exactly (with the
+// Box-Muller sample CPU's normal ops may keep between calls); one from elsewhere is rebuilt
+// by stepping the engine, without that cached sample.
 #include "neuron.h"
 
 #include <ATen/CPUGeneratorImpl.h>

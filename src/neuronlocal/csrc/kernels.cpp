@@ -1,6 +1,6 @@
 // The few ATen kernels neuron implements itself rather than through the boxed fallback
 // (fallback.cpp): allocation, views and resizing on neuron storage, copies between devices,
-// dropout drawing from the core's generator, convolution through CPU's overrideable entry,
+// dropout drawing its mask from CPU's global generator (as TorchNeuron's does), convolution through CPU's overrideable entry,
 // and the choice of SDPA kernel. registration.cpp registers them.
 #include "dry.h"
 
@@ -201,11 +201,16 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
-// Mirrors ATen's CPU native_dropout, drawing the mask from the core's generator.
+// TorchNeuron's native_dropout: the keep mask is drawn on CPU from CPU's global generator,
+// so seeding and dropping out on neuron drops what CPU drops; nothing is drawn in eval mode
+// or for p of 0 or 1, and a p outside [0, 1] is refused in training.
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
                                                   std::optional<bool> train) {
   static auto& executed = executed_counter("aten::native_dropout", "");
   executed++;
+  const bool training = !train.has_value() || *train;
+  TORCH_CHECK(!training || (p >= 0 && p <= 1),
+              "dropout probability has to be between 0 and 1, but got ", p);
   if (dry_run()) {  // shapes only: the output and its mask
     return {at::empty_like(input), at::empty_like(input, input.options().dtype(at::kBool))};
   }
@@ -215,16 +220,17 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   if (input.numel() == 0) {
     out = x.clone();
     mask = at::empty_like(x, x.options().dtype(at::kBool));
-  } else if (train.has_value() && !*train) {
+  } else if (!training || p == 0) {
     out = x.clone();
     mask = at::ones_like(x, x.options().dtype(at::kBool));
+  } else if (p == 1) {
+    mask = at::zeros_like(x, x.options().dtype(at::kBool));
+    out = x.mul(mask).mul_(0.);
   } else {
     double p1m = 1. - p;
-    double scale = p1m == 0 ? 0. : 1. / p1m;
     auto noise = at::empty_like(x, LEGACY_CONTIGUOUS_MEMORY_FORMAT);
-    Draw draw(default_generator(idx));
-    noise.bernoulli_(p1m, draw.generator());
-    out = x.mul(noise).mul_(scale);
+    noise.bernoulli_(p1m);  // CPU's global generator
+    out = x.mul(noise).mul_(1. / p1m);
     mask = noise.to(at::kBool);
   }
   auto o = make_neuron(adopt_storage(out.storage(), idx), out);

@@ -59,7 +59,8 @@ at::Generator& default_generator(c10::DeviceIndex index);
 void register_guard_and_hooks();
 
 // ---- generator.cpp ---------------------------------------------------------
-// A core's generator: TorchNeuron's 16-byte (seed, offset) state over CPU's stream.
+// A core's generator: TorchNeuron's 16-byte (seed, offset) state over CPU's stream for that
+// seed, drawn only when passed to a random op (ops without one draw CPU's global generator).
 at::Generator make_generator(c10::DeviceIndex index);
 // While alive, holds a neuron generator's lock; generator() is the CPU generator to hand a
 // CPU kernel, and what it draws is added to the neuron generator's offset at the end. Any

@@ -285,12 +285,20 @@ def tracked_composites() -> tuple[str, ...]:
              or has(n, "CompositeExplicitAutogradNonFunctional"))))
 
 
-# CompositeImplicitAutograd ops TorchNeuron registers a device kernel for, so its tracking
-# records them by name: each gets an autograd kernel that records it and runs its composite
-# (what torch runs without the kernel, autograd included). Ops that take part in most
-# models' autograd graphs (linear, rms_norm, batch_norm) are not listed.
-TRACKED_IMPLICIT: tuple[str, ...] = ("isfinite", "index_select_backward",
-                                     "value_selecting_reduction_backward")
+def tracked_implicit() -> tuple[list[str], list[str]]:
+    """CompositeImplicitAutograd ops TorchNeuron registers a device kernel for (`linear`,
+    `isfinite`, `_fused_rms_norm`, `index_select_backward`, ...) and neuron has no kernel
+    for yet: TorchNeuron's tracking records them by name, where torch alone would record the
+    pieces of their composite. Returns the ones with a CPU kernel (they get the fallback:
+    CPU's kernel, recorded under the op's name) and the others (they get a kernel that
+    records them and runs their composite, autograd included). Called at registration, after
+    neuron's own kernels are in, so those keep theirs."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    names = sorted(n for n, e in table()["ops"].items()
+                   if e["placement"] == "device" and has(n, "CompositeImplicitAutograd")
+                   and not has(n, "PrivateUse1") and not has(n, "AutogradPrivateUse1"))
+    with_cpu = [n[len("aten::"):] for n in names if has(n, "CPU")]
+    return with_cpu, [n[len("aten::"):] for n in names if not has(n, "CPU")]
 
 
 # Composite (CompositeExplicitAutograd) kernels that reject tensors on devices they do not

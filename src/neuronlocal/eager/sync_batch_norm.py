@@ -108,6 +108,17 @@ KERNELS = {f.__name__: f for f in (batch_norm_stats, batch_norm_elemt,
                                    batch_norm_backward_reduce, batch_norm_backward_elemt)}
 
 
+def _recorded(name: str, kernel: Any) -> Any:
+    """The kernel, recording the op as executed: TorchNeuron runs these on the device and its
+    tracking lists them."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _C._record_executed(f"aten::{name}", "")
+        return kernel(*args, **kwargs)
+
+    return run
+
+
 def register(lib: torch.library.Library) -> None:
     for name, kernel in KERNELS.items():
-        lib.impl(name, kernel, "PrivateUse1")
+        lib.impl(name, _recorded(name, kernel), "PrivateUse1")

@@ -69,7 +69,8 @@ VALUE_SKIPS: dict[str, str] = {
 }
 RANDOM_ATEN = {"aten::native_dropout", "aten::rand", "aten::randn", "aten::randint",
                "aten::randperm", "aten::rand_like", "aten::randn_like", "aten::randint_like"}
-RANDOM = "random op: values depend on the generator (neuron draws from its core's generator)"
+RANDOM = ("random op: values depend on the generator (neuron draws from CPU's global generator, "
+          "at its own point of the stream)")
 
 # OpInfos whose samples put some tensors on CPU on purpose, whatever the device (CUDA
 # requires them there too): only the sample's input goes to neuron.

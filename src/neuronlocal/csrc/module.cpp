@@ -61,6 +61,14 @@ PYBIND11_MODULE(_C, m) {
     neuron::settle();
     neuron::reset_peak(static_cast<c10::DeviceIndex>(i));
   });
+  m.def("_high_water_marks", [](int i) {
+    neuron::settle();
+    return neuron::high_water_marks(static_cast<c10::DeviceIndex>(i));
+  }, "the run's peak (allocated, reserved) bytes of core i, across peak resets");
+  m.def("_reset_high_water", [](int i) {
+    neuron::settle();
+    neuron::reset_high_water(static_cast<c10::DeviceIndex>(i));
+  });
   m.def("_reset_accumulated", [](int i) { neuron::reset_accumulated(static_cast<c10::DeviceIndex>(i)); });
   m.def("_empty_cache", [](int i) {
     neuron::settle();

@@ -94,7 +94,13 @@ c10::Storage adopt_storage(const c10::Storage& cpu, c10::DeviceIndex index);
 // A data pointer for `nbytes` on core `index` owned by `owner` (an adopted CPU storage).
 c10::DataPtr adopt_data(c10::Storage owner, c10::DeviceIndex index);
 std::map<std::string, int64_t> memory_stats(c10::DeviceIndex index);
+// Lowers the program's peak counters to the current values; the run's high-water marks stay.
 void reset_peak(c10::DeviceIndex index);
+// The run's peak (allocated, reserved) bytes of a core since reset_high_water, whatever
+// reset_peak calls came between.
+std::pair<int64_t, int64_t> high_water_marks(c10::DeviceIndex index);
+// Starts a run's high-water marks (and the peak counters) afresh.
+void reset_high_water(c10::DeviceIndex index);
 void reset_accumulated(c10::DeviceIndex index);
 void empty_cache(c10::DeviceIndex index);
 // Counts host allocations of this thread against core `index` (-1: off); returns the previous

@@ -154,7 +154,13 @@ std::map<std::string, int64_t> executed_ops();
 std::map<std::string, int64_t> fallback_ops();
 std::map<std::string, std::pair<int64_t, int64_t>> fallback_bytes();  // to, from the host
 std::map<std::string, int64_t> downcast_ops();
+// Clears the counters above, and which ops the fallback-site hook was called for.
 void clear_op_tracking();
+// Called with an op's host name at its first CPU fallback since clear_op_tracking (views
+// and metadata ops too, which are not warned), on the thread running it: the run report
+// reads the program's line from the Python stack there, and returns whether it found one
+// (if not, the op's next few fallbacks call it again). Empty: no hook.
+void set_fallback_site_hook(std::function<bool(const std::string&)> hook);
 
 // ---- kernels.cpp -----------------------------------------------------------
 namespace kernels {

@@ -114,9 +114,9 @@ _LIBRARY = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdl
 
 
 def is_library(path: str) -> bool:
-    """Whether a code file is Python's, an installed library's (transformers' wrappers,
-    torch, neuronlocal) or generated code (`<...>`): not a line of the user's program."""
-    return path.startswith("<") or os.path.abspath(path).startswith(_LIBRARY)
+    """Whether a code file is Python's or an installed library's (transformers' wrappers,
+    torch, neuronlocal): not a line of the user's program."""
+    return os.path.abspath(path).startswith(_LIBRARY)
 
 
 def user_frame() -> dict[str, Any] | None:

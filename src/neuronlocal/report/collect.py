@@ -26,7 +26,6 @@ import torch
 
 from neuronlocal.core import counters as core_counters
 from neuronlocal.core import state as core_state
-from neuronlocal.core.dynamo_metrics import is_library
 from neuronlocal.estimate import capture as estimate_capture
 from neuronlocal.memory import high_water_marks, reset_high_water_marks
 from neuronlocal.report import analysis, sites
@@ -131,7 +130,7 @@ class Collector:
         if m and m.group(1) not in self.state.fallback_sites:
             # Where the hook saw no program frame (a backward op on autograd's device
             # thread): the warning replayed after backward, at the program's line of it.
-            found = (sites.site(filename, lineno) if not is_library(filename)
+            found = (sites.site(filename, lineno) if sites.is_program(filename)
                      else sites.call_site(sys._getframe(1))[0])
             self.state.fallback_sites[m.group(1)] = found or sites.site(filename, lineno)
         self._old_showwarning(message, category, filename, lineno, file, line)

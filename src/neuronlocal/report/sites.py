@@ -29,6 +29,12 @@ def site(path: str, line: int) -> dict[str, Any]:
     return {"file": path, "line": line, "source": linecache.getline(path, line).strip()}
 
 
+def is_program(path: str) -> bool:
+    """A line of the program: not Python's or a library's, nor generated or frozen code
+    (`<string>` of `python -c` is the program's)."""
+    return not path.startswith(("<eval_with_key>", "<frozen")) and not is_library(path)
+
+
 def call_site(frame: FrameType | None) -> tuple[dict[str, Any] | None, bool]:
     """The program's line for the innermost frame of `frame` and its callers (or None), and
     whether it is the op's own line. Not when the op runs in autograd's backward below no
@@ -41,7 +47,7 @@ def call_site(frame: FrameType | None) -> tuple[dict[str, Any] | None, bool]:
             found = _graph_site(frame)
             if found is not None:
                 return found, own
-        elif not is_library(code.co_filename):
+        elif is_program(code.co_filename):
             return site(code.co_filename, frame.f_lineno), own
         elif code.co_name == "_engine_run_backward":
             own = False

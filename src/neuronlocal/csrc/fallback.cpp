@@ -258,6 +258,9 @@ struct Call {
   const bool downcast = g_downcast.load(std::memory_order_relaxed);
   const bool dry = dry_run();
   bool downcast_f = false, downcast_i = false;
+  // The call names its result dtype (`cumsum(..., dtype=torch.int32)`): a 32-bit result is
+  // what CPU gives too, not a 64-bit one computed in 32 bits, so it is not cast back.
+  bool dtype_given = false;
   c10::SmallVector<Input, 8> inputs;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted;
 
@@ -351,8 +354,8 @@ struct Call {
     }
     if (r._is_zerotensor() && !dry) r = at::zeros(r.sizes(), r.options());
     auto st = r.scalar_type();
-    if ((downcast_f && (st == at::kFloat || st == at::kComplexFloat)) ||
-        (downcast_i && st == at::kInt)) {
+    if (!dtype_given && ((downcast_f && (st == at::kFloat || st == at::kComplexFloat)) ||
+                         (downcast_i && st == at::kInt))) {
       r = r.to(st == at::kFloat ? at::kDouble : st == at::kInt ? at::kLong : at::kComplexDouble);
     }
     auto idx = index < 0 ? current_device() : index;
@@ -551,6 +554,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         std::optional<at::Tensor> t = list.get(j);
         if (t.has_value()) list.set(j, call.in(*t, i, w));
       }
+    } else if (v.isInt() && schema.arguments()[i].name() == "dtype") {
+      call.dtype_given = true;
     } else if (v.isDevice() && v.toDevice().type() == kNeuron) {
       auto d = v.toDevice();
       if (call.index < 0) call.index = d.has_index() ? d.index() : current_device();

@@ -273,3 +273,64 @@ def test_blockwise_operator_equals_pytorchs_dense_kernel(monkeypatch, dtype, sco
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, **tol)
     assert (got[0][:, :, ::5] == 0).all() and (got[1][:, :, ::5] == -float("inf")).all()
+
+
+@pytest.mark.parametrize("ac", ["selective", "full"])
+def test_checkpointed_compiled_flex_attention_trains_the_same_under_the_run_report(ac):
+    """The run report's estimate capture is on while the attention graph compiles inside the
+    checkpointed region: the estimate's fake run keeps out of checkpointing's saved-tensor
+    hooks (it once added saves to the forward and stopped the recompute early), so SAC and
+    full AC give the plain computation's outputs and gradients, two SGD steps in a row."""
+    import functools
+
+    from torch.nn.attention.flex_attention import flex_attention
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    from neuronlocal.report import collect
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    context = ({"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)}
+               if ac == "selective" else {})
+    flex = torch.compile(flex_attention, backend="neuron")
+
+    def block(x, w, attend):
+        h = (x @ w).view(1, 2, 16, 8)
+        return attend(h, h, h).relu()
+
+    def plain(q, k, v):
+        return (q @ k.transpose(-1, -2) / q.size(-1) ** 0.5).softmax(-1) @ v
+
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 16), torch.randn(16, 16, requires_grad=True)
+    wd = w.detach().to("neuron").requires_grad_()
+    losses, ref_losses = [], []
+    c = collect.Collector().start()
+    try:
+        for _ in range(2):
+            loss = checkpoint(block, x.to("neuron"), wd, flex, use_reentrant=False,
+                              **context).square().sum()
+            loss.backward()
+            with torch.no_grad():
+                wd -= 1e-3 * wd.grad
+            wd.grad = None
+            losses.append(loss.item())
+    finally:
+        c.stop()
+    for _ in range(2):
+        ref = block(x, w, plain).square().sum()
+        ref.backward()
+        with torch.no_grad():
+            w -= 1e-3 * w.grad
+        w.grad = None
+        ref_losses.append(ref.item())
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    torch.testing.assert_close(wd.detach().cpu(), w.detach(), atol=1e-4, rtol=1e-4)
+    graphs = torch.neuron.get_dynamo_metrics()["graphs"]
+    assert graphs and all("not_estimated" not in g["estimate"] for g in graphs)

@@ -611,6 +611,21 @@ def test_int64_keeps_dtype_and_small_values_exact():
         "aten::mul.Tensor": 1, "aten::add.Tensor": 1, "aten::sum.dim_IntList": 1}
 
 
+def test_64bit_rule_keeps_a_result_dtype_the_call_names():
+    """An int64 input computed as int32 gives int64 back, but a result dtype the call asks
+    for is CPU's: torchtitan's MoE offsets, cumsum(..., dtype=torch.int32), stay int32 (its
+    grouped GEMM takes int32 offsets only), and a float64 sum asked in float32 stays float32."""
+    counts = torch.tensor([3, 1, 4])
+    for dtype in (torch.int32, torch.int64):
+        got = torch.cumsum(counts.to("neuron"), dim=0, dtype=dtype)
+        want = torch.cumsum(counts, dim=0, dtype=dtype)
+        assert got.dtype == want.dtype == dtype and torch.equal(got.cpu(), want)
+    assert torch.cumsum(counts.to("neuron"), dim=0).dtype == torch.int64
+    x = torch.tensor([1.5, 2.25], dtype=torch.float64)
+    assert x.to("neuron").sum(dtype=torch.float32).dtype == torch.float32
+    assert x.to("neuron").sum().dtype == torch.float64
+
+
 def test_downcast_switch_at_run_time(policy):
     policy(downcast_64bit=False)
     torch_neuronx.clear_op_tracking()

@@ -421,21 +421,52 @@ def test_config_is_the_profile_budget():
     assert all(stats(i)["hbm_bytes"] == HBM for i in range(4))
 
 
-def test_report_peak_is_the_runs_high_water_mark_whatever_the_program_resets():
+@pytest.mark.parametrize("reset", [
+    torch.neuron.reset_peak_memory_stats, torch.neuron.reset_max_memory_allocated,
+    torch_neuronx.reset_peak_memory_stats, torch.accelerator.reset_peak_memory_stats,
+    lambda: torch._C._accelerator_resetPeakStats(torch.neuron.current_device())],
+    ids=["neuron", "neuron_max_allocated", "torch_neuronx", "accelerator", "allocator"])
+def test_report_peak_is_the_runs_high_water_mark_whatever_the_program_resets(reset):
     """torchtitan resets the peak counters every step: the run report still shows the run's
-    peak per core, while torch.neuron's own peak restarts as the program asked."""
+    peak per core, through whichever entry point the program resets (the allocator keeps
+    the run's high-water mark apart), while the program's own peak restarts as it asked."""
     from neuronlocal.report import collect
 
     c = collect.Collector().start()
     try:
         big = torch.empty(32 * 2**20, dtype=torch.uint8, device="neuron")
         del big
-        torch.neuron.reset_peak_memory_stats()
+        reset()
         small = torch.empty(2**20, dtype=torch.uint8, device="neuron")
         assert torch.neuron.max_memory_allocated() < 32 * 2**20
-        torch.neuron.reset_max_memory_allocated()
+        assert torch.accelerator.max_memory_allocated() == torch.neuron.max_memory_allocated()
+        reset()
         (core,) = [m for m in collect.memory() if m["core"] == torch.neuron.current_device()]
         assert core["peak_bytes"] >= 32 * 2**20 and core["reserved_peak_bytes"] >= 32 * 2**20
         del small
     finally:
         c.stop()
+    c = collect.Collector().start()  # a new run starts its own high-water mark
+    try:
+        (core,) = [m for m in collect.memory() if m["core"] == torch.neuron.current_device()]
+        assert core["peak_bytes"] < 32 * 2**20
+    finally:
+        c.stop()
+
+
+def test_torch_accelerator_memory_api_reads_the_neuron_allocator():
+    """torch.accelerator's memory functions reach the same counters as torch.neuron's."""
+    dev = 1
+    torch.neuron.empty_cache()
+    x = torch.empty(4 * MiB, dtype=torch.uint8, device=f"neuron:{dev}")
+    s, acc = torch.neuron.memory_stats(dev), torch.accelerator.memory_stats(dev)
+    for key in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
+        for field in ("current", "peak", "allocated", "freed"):
+            assert acc[f"{key}.all.{field}"] == s[f"{key}.all.{field}"], (key, field)
+    assert torch.accelerator.memory_allocated(dev) == torch.neuron.memory_allocated(dev)
+    assert torch.accelerator.get_memory_info(dev) == torch.neuron.mem_get_info(dev)
+    del x
+    torch.accelerator.empty_cache()
+    assert torch.neuron.memory_reserved(dev) == torch.neuron.memory_allocated(dev) == 0
+    torch.accelerator.reset_peak_memory_stats(dev)
+    assert torch.neuron.max_memory_allocated(dev) == 0

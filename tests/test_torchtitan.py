@@ -75,16 +75,21 @@ def test_fsdp_equals_ddp_and_tp_fsdp_trains(workdir):
 
 
 def test_fsdp_run_report_counts_each_step_once(workdir, tmp_path):
-    """Under `neuronlocal run --report`: one step per training step on each rank (torchtitan's
-    optimizer container steps the inner optimizers), and each core's HBM peak is the run's,
-    though torchtitan resets the peak counters every step. Without activation checkpointing:
-    SAC under the report's estimate capture is a known gap."""
-    losses = train(workdir, 2, "--parallelism.data-parallel-shard-degree", "2",
-                   "activation-checkpoint:none", report=tmp_path / "rep")
+    """Under `neuronlocal run --report`, with selective activation checkpointing (torchtitan's
+    default, around its compiled flex attention): the same losses as without the report,
+    one step per training step on each rank (torchtitan's optimizer container steps the
+    inner optimizers), each core's HBM peak is the run's, though torchtitan resets the peak
+    counters every step, and RoPE's complex views (CPU fallbacks inside the checkpointed
+    blocks) have the program's line as their site."""
+    args = ("--parallelism.data-parallel-shard-degree", "2")
+    losses = train(workdir, 2, *args, report=tmp_path / "rep")
+    assert losses == train(workdir, 2, *args)
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert [r["rank"] for r in rep["ranks"]] == [0, 1]
     for r in rep["ranks"]:
         assert len(r["estimate"]["steps"]) == STEPS
         (core,) = r["memory"]
         assert core["peak_bytes"] >= 64 * 2**20, core["peak_bytes"]
-    assert len(losses) == STEPS
+        ops = {f["op"]: f for f in r["fallback_ops"]}
+        for op in ("aten::view_as_complex", "aten::view_as_real"):
+            assert ops[op]["file"].endswith(".py") and ops[op]["source"], ops[op]

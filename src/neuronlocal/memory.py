@@ -81,38 +81,27 @@ def mem_get_info(device: Device = None) -> tuple[int, int]:
 
 
 def reset_peak_memory_stats(device: Device = None) -> None:
-    _reset_peak(device_index(device))
+    _C._reset_peak(device_index(device))
 
 
 def reset_max_memory_allocated(device: Device = None) -> None:
-    _reset_peak(device_index(device))
-
-
-# Run-long high-water marks per core, (allocated, reserved) bytes, kept across the program's
-# peak resets: a training loop that resets the peak every step (torchtitan does) still
-# leaves the run report the run's peak. Not part of torch.neuron's API.
-_high_water: dict[int, tuple[int, int]] = {}
-
-
-def _reset_peak(index: int) -> None:
-    high_water_marks(index)  # the peak so far is folded in before the program resets it
-    _C._reset_peak(index)
+    _C._reset_peak(device_index(device))
 
 
 def high_water_marks(index: int) -> tuple[int, int]:
-    """Peak (allocated, reserved) bytes of core `index` since `reset_high_water_marks`,
-    whatever the program reset in between."""
-    s = _C._memory_stats(index)
-    a, r = _high_water.get(index, (0, 0))
-    _high_water[index] = (max(a, s["allocated_bytes.all.peak"]),
-                          max(r, s["reserved_bytes.all.peak"]))
-    return _high_water[index]
+    """Peak (allocated, reserved) bytes of core `index` since `reset_high_water_marks`.
+
+    The allocator keeps them apart from the peak counters, so no reset the program makes
+    (torch.neuron's, torch.accelerator's: torchtitan resets every step) lowers them. Not
+    part of torch.neuron's API: the run report reads them.
+    """
+    allocated, reserved = _C._high_water_marks(index)
+    return int(allocated), int(reserved)
 
 
 def reset_high_water_marks(index: int) -> None:
     """Starts a run's high-water marks (and the peak counters) for core `index` afresh."""
-    _high_water.pop(index, None)
-    _C._reset_peak(index)
+    _C._reset_high_water(index)
 
 
 def reset_accumulated_memory_stats(device: Device = None) -> None:

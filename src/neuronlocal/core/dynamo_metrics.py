@@ -113,13 +113,18 @@ _LIBRARY = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdl
                  | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
 
 
+def is_library(path: str) -> bool:
+    """Whether a code file is Python's or an installed library's (transformers' wrappers,
+    torch, neuronlocal): not a line of the user's program."""
+    return os.path.abspath(path).startswith(_LIBRARY)
+
+
 def user_frame() -> dict[str, Any] | None:
     """The innermost caller outside Python's and installed libraries (transformers'
     wrappers, torch, neuronlocal): the line of the user's program that led here."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_LIBRARY) and not path.startswith("<"):
+        if not is_library(frame.f_code.co_filename):
             return {"file": frame.f_code.co_filename, "line": frame.f_lineno,
                     "function": frame.f_code.co_name}
         frame = frame.f_back  # type: ignore[assignment]

@@ -76,7 +76,28 @@ struct OpInfo {
   std::atomic<int64_t> executed{0}, fallback{0}, downcast{0}, to_host{0}, from_host{0};
   std::atomic<bool> warned{false};
   std::atomic<bool> wrap_warned{false};  // an int64 value outside int32 was seen
+  std::atomic<int> site_tries{0};  // fallback-site hook calls; kSited once it found one
 };
+
+// The fallback-site hook: replaced under its mutex, copied out to be called (so a call never
+// races a replacement); the flag keeps the fallback path to one relaxed load without a hook.
+// A call that finds no program frame (a backward op on autograd's device thread) leaves the
+// next fallbacks of the op to try again, a few times at most.
+std::mutex g_site_mu;
+std::shared_ptr<std::function<bool(const std::string&)>> g_site_hook;
+std::atomic<bool> g_site_on{false};
+constexpr int kSiteTries = 16, kSited = 1 << 20;
+
+void report_site(OpInfo& info, const std::string& host_name) {
+  if (!g_site_on.load(std::memory_order_relaxed) || info.site_tries.fetch_add(1) >= kSiteTries)
+    return;
+  std::shared_ptr<std::function<bool(const std::string&)>> hook;
+  {
+    std::lock_guard<std::mutex> lock(g_site_mu);
+    hook = g_site_hook;
+  }
+  if (hook && (*hook)(host_name)) info.site_tries = kSited;
+}
 
 std::function<void(const std::string&)>& dry_read_hook() {
   static auto* h = new std::function<void(const std::string&)>();  // leaked, like the hooks
@@ -239,6 +260,9 @@ struct Call {
   const bool downcast = g_downcast.load(std::memory_order_relaxed);
   const bool dry = dry_run();
   bool downcast_f = false, downcast_i = false;
+  // The call names its result dtype (`cumsum(..., dtype=torch.int32)`): a 32-bit result is
+  // what CPU gives too, not a 64-bit one computed in 32 bits, so it is not cast back.
+  bool dtype_given = false;
   c10::SmallVector<Input, 8> inputs;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted;
 
@@ -332,8 +356,8 @@ struct Call {
     }
     if (r._is_zerotensor() && !dry) r = at::zeros(r.sizes(), r.options());
     auto st = r.scalar_type();
-    if ((downcast_f && (st == at::kFloat || st == at::kComplexFloat)) ||
-        (downcast_i && st == at::kInt)) {
+    if (!dtype_given && ((downcast_f && (st == at::kFloat || st == at::kComplexFloat)) ||
+                         (downcast_i && st == at::kInt))) {
       r = r.to(st == at::kFloat ? at::kDouble : st == at::kInt ? at::kLong : at::kComplexDouble);
     }
     auto idx = index < 0 ? current_device() : index;
@@ -360,6 +384,7 @@ bool first_warning(const std::string& name) {
 
 void on_cpu_fallback(OpInfo& info, const Decision& d) {
   info.fallback++;
+  report_site(info, d.host_name);
   const std::string via = d.host_name == info.name ? "" : " (reached from " + info.name + ")";
   TORCH_CHECK(!g_strict.load(std::memory_order_relaxed), d.host_name, via, " has no Trainium kernel: TorchNeuron runs it on "
               "CPU. NEURONLOCAL_STRICT=1 makes CPU fallbacks errors; unset it to allow them, or "
@@ -532,6 +557,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         std::optional<at::Tensor> t = list.get(j);
         if (t.has_value()) list.set(j, call.in(*t, i, w));
       }
+    } else if (v.isInt() && schema.arguments()[i].name() == "dtype") {
+      call.dtype_given = true;
     } else if (v.isDevice() && v.toDevice().type() == kNeuron) {
       auto d = v.toDevice();
       if (call.index < 0) call.index = d.has_index() ? d.index() : current_device();
@@ -688,7 +715,16 @@ void clear_op_tracking() {
     info->downcast = 0;
     info->to_host = 0;
     info->from_host = 0;
+    info->site_tries = 0;
   }
+}
+
+void set_fallback_site_hook(std::function<bool(const std::string&)> hook) {
+  auto next = hook ? std::make_shared<std::function<bool(const std::string&)>>(std::move(hook))
+                   : nullptr;
+  std::lock_guard<std::mutex> lock(g_site_mu);
+  g_site_hook = std::move(next);
+  g_site_on = static_cast<bool>(g_site_hook);
 }
 
 }  // namespace neuron

@@ -8,6 +8,8 @@
 // fit on a Trainium core does not fit here either, at the same size.
 #include "dry.h"
 
+#include <c10/core/CachingDeviceAllocator.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -27,12 +29,16 @@ constexpr int64_t kKiB = 1024, kMiB = 1024 * 1024;
 constexpr int64_t kSmallLimit = 1 * kMiB;   // small pool below 1 MiB
 constexpr int64_t kRoundLimit = 16 * kMiB;  // no rounding at 16 MiB and above
 
+// `peak` is the program's (reset_peak_memory_stats lowers it to `current`); `high_water` is
+// the run's, which only a run report's start resets: whatever entry point the program resets
+// the peak through, the report still sees the run's high-water mark.
 struct Stat {
-  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0, high_water = 0;
   void inc(int64_t n) {
     current += n;
     allocated += n;
     peak = std::max(peak, current);
+    high_water = std::max(high_water, current);
   }
   void dec(int64_t n) {
     current -= n;
@@ -388,7 +394,58 @@ c10::DataPtr dry_ptr(Block* b, c10::Device dev) {
   return c10::DataPtr(addr, new DryBlock{b, addr}, &free_dry, dev);
 }
 
-struct NeuronAllocator final : public c10::Allocator {
+using c10::CachingDeviceAllocator::DeviceStats;
+
+void copy_stat(const Stat* from, c10::CachingAllocator::StatArray& to) {
+  for (int k = 0; k < 3; ++k) {
+    to[k].current = from[k].current;
+    to[k].peak = from[k].peak;
+    to[k].allocated = from[k].allocated;
+    to[k].freed = from[k].freed;
+  }
+}
+
+// A DeviceAllocator, so torch.accelerator's memory API (memory_stats, max_memory_allocated,
+// reset_peak_memory_stats, empty_cache, ...) reads and resets the same counters as
+// torch.neuron's.
+struct NeuronAllocator final : public c10::DeviceAllocator {
+  bool initialized() override { return started() && !g_unavailable.load(); }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    settle();
+    for (c10::DeviceIndex i = 0; i < device_count(); ++i) empty_cache(i);
+  }
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    settle();
+    check_available();
+    DeviceStats out;
+    std::lock_guard<std::mutex> lock(mu());
+    Core& c = core(device);
+    copy_stat(c.allocation, out.allocation);
+    copy_stat(c.segment, out.segment);
+    copy_stat(c.allocation, out.active);
+    copy_stat(c.allocated_bytes, out.allocated_bytes);
+    copy_stat(c.reserved_bytes, out.reserved_bytes);
+    copy_stat(c.active_bytes, out.active_bytes);
+    copy_stat(c.requested_bytes, out.requested_bytes);
+    out.num_alloc_retries = c.num_alloc_retries;
+    out.num_ooms = c.num_ooms;
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { reset_accumulated(device); }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    settle();
+    reset_peak(device);
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    settle();
+    check_available();
+    std::lock_guard<std::mutex> lock(mu());
+    Core& c = core(device);
+    return {static_cast<size_t>(c.budget - c.reserved_bytes[0].current),
+            static_cast<size_t>(c.budget)};
+  }
+
   c10::DataPtr allocate(size_t n) override {
     if (g_unavailable.load(std::memory_order_relaxed)) check_available();
     auto index = current_device();
@@ -586,6 +643,22 @@ void reset_peak(c10::DeviceIndex index) {
   for (Stat* s : {c.allocated_bytes, c.reserved_bytes, c.active_bytes, c.requested_bytes,
                   c.allocation, c.segment})
     for (int k = 0; k < 3; ++k) s[k].peak = s[k].current;
+}
+
+std::pair<int64_t, int64_t> high_water_marks(c10::DeviceIndex index) {
+  check_available();
+  std::lock_guard<std::mutex> lock(mu());
+  Core& c = core(index);
+  return {c.allocated_bytes[0].high_water, c.reserved_bytes[0].high_water};
+}
+
+void reset_high_water(c10::DeviceIndex index) {
+  check_available();
+  std::lock_guard<std::mutex> lock(mu());
+  Core& c = core(index);
+  for (Stat* s : {c.allocated_bytes, c.reserved_bytes, c.active_bytes, c.requested_bytes,
+                  c.allocation, c.segment})
+    for (int k = 0; k < 3; ++k) s[k].peak = s[k].high_water = s[k].current;
 }
 
 void reset_accumulated(c10::DeviceIndex index) {

@@ -61,6 +61,14 @@ PYBIND11_MODULE(_C, m) {
     neuron::settle();
     neuron::reset_peak(static_cast<c10::DeviceIndex>(i));
   });
+  m.def("_high_water_marks", [](int i) {
+    neuron::settle();
+    return neuron::high_water_marks(static_cast<c10::DeviceIndex>(i));
+  }, "the run's peak (allocated, reserved) bytes of core i, across peak resets");
+  m.def("_reset_high_water", [](int i) {
+    neuron::settle();
+    neuron::reset_high_water(static_cast<c10::DeviceIndex>(i));
+  });
   m.def("_reset_accumulated", [](int i) { neuron::reset_accumulated(static_cast<c10::DeviceIndex>(i)); });
   m.def("_empty_cache", [](int i) {
     neuron::settle();
@@ -123,6 +131,26 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_bytes", &neuron::fallback_bytes);
   m.def("_downcast_ops", &neuron::downcast_ops);
   m.def("_clear_op_tracking", &neuron::clear_op_tracking);
+  m.def("_set_fallback_site_hook", [](py::object hook) {
+    if (hook.is_none()) return neuron::set_fallback_site_hook({});
+    // Shared, released with the GIL held: the hook may be dropped on a thread without it.
+    auto fn = std::shared_ptr<py::object>(new py::object(std::move(hook)), [](py::object* o) {
+      if (!Py_IsInitialized() || _Py_IsFinalizing()) return;  // leaked at shutdown
+      py::gil_scoped_acquire gil;
+      delete o;
+    });
+    neuron::set_fallback_site_hook([fn](const std::string& op) {
+      if (!Py_IsInitialized() || _Py_IsFinalizing()) return true;
+      py::gil_scoped_acquire gil;
+      try {
+        return py::bool_((*fn)(op)).cast<bool>();
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("neuronlocal fallback-site hook");
+        return true;
+      }
+    });
+  }, "called with an op's name at its first CPU fallbacks since _clear_op_tracking until it "
+     "returns True (None: off)");
   m.def("_bridge_in", &neuron::bridge_in, "neuron tensors -> CPU aliases (and the core index)",
         py::arg("args"), py::arg("reuse") = false, py::arg("leaves") = std::vector<bool>{});
   m.def("_bridge_out", &neuron::bridge_out, "CPU results -> neuron tensors on a core",

@@ -95,7 +95,13 @@ c10::Storage adopt_storage(const c10::Storage& cpu, c10::DeviceIndex index);
 // A data pointer for `nbytes` on core `index` owned by `owner` (an adopted CPU storage).
 c10::DataPtr adopt_data(c10::Storage owner, c10::DeviceIndex index);
 std::map<std::string, int64_t> memory_stats(c10::DeviceIndex index);
+// Lowers the program's peak counters to the current values; the run's high-water marks stay.
 void reset_peak(c10::DeviceIndex index);
+// The run's peak (allocated, reserved) bytes of a core since reset_high_water, whatever
+// reset_peak calls came between.
+std::pair<int64_t, int64_t> high_water_marks(c10::DeviceIndex index);
+// Starts a run's high-water marks (and the peak counters) afresh.
+void reset_high_water(c10::DeviceIndex index);
 void reset_accumulated(c10::DeviceIndex index);
 void empty_cache(c10::DeviceIndex index);
 // Counts host allocations of this thread against core `index` (-1: off); returns the previous
@@ -176,7 +182,13 @@ std::map<std::string, int64_t> executed_ops();
 std::map<std::string, int64_t> fallback_ops();
 std::map<std::string, std::pair<int64_t, int64_t>> fallback_bytes();  // to, from the host
 std::map<std::string, int64_t> downcast_ops();
+// Clears the counters above, and which ops the fallback-site hook was called for.
 void clear_op_tracking();
+// Called with an op's host name at its first CPU fallback since clear_op_tracking (views
+// and metadata ops too, which are not warned), on the thread running it: the run report
+// reads the program's line from the Python stack there, and returns whether it found one
+// (if not, the op's next few fallbacks call it again). Empty: no hook.
+void set_fallback_site_hook(std::function<bool(const std::string&)> hook);
 
 // ---- kernels.cpp -----------------------------------------------------------
 namespace kernels {

@@ -4,15 +4,19 @@ The graph runs once on fake copies of its inputs (shapes only, nothing computed)
 op counter; an interpreter names the node each op belongs to. When the graph would be
 differentiated (grad mode on, an output requires grad), its backward runs too, on fake
 tensors, and is costed as one more entry. Collectives inside the graph are costed on the
-links of the emulated instance.
+links of the emulated instance. The fake run is the observer's own: the program's ambient
+dispatch modes and saved-tensor hooks (activation checkpointing's) never see it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import fx
+from torch.utils._python_dispatch import _disable_current_modes
 
 from neuronlocal.estimate.counting import Counter, Tally
 from neuronlocal.estimate.rates import InstanceSpec
@@ -51,6 +55,30 @@ def fake_inputs(example_inputs: list[Any]) -> tuple[Any, list[Any]]:
     return mode, [_fake(mode, x) for x in example_inputs]
 
 
+def _same(x: Any) -> Any:
+    return x
+
+
+@contextmanager
+def _apart() -> Iterator[None]:
+    """The program's dispatch modes and saved-tensor hooks off, as AOTAutograd traces.
+
+    A graph compiles at its first call, which may be inside a checkpointed region: its
+    saved-tensor hooks would count the fake run's saved tensors as the region's (full
+    checkpointing then finds a different number in the recompute) and, in the recompute,
+    stop it at the fake run's first save (its `_StopRecomputationError`, swallowed by the
+    estimate), so the program's backward would fail. Hooks pushed on top of the program's
+    are the ones used; a checkpoint inside the graph pushes its own above these.
+    """
+    disabled = torch._C._autograd._saved_tensors_hooks_get_disabled_error_message()
+    with _disable_current_modes():
+        if disabled is not None:  # the program's hooks do not apply here already
+            yield
+            return
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            yield
+
+
 def count_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 fakes: tuple[Any, list[Any]] | None = None) -> tuple[Counter, bool]:
     """(counter with per-node tallies, whether a backward was counted)."""
@@ -62,7 +90,7 @@ def count_graph(gm: fx.GraphModule, example_inputs: list[Any],
                        for n in gm.graph.nodes)
     counter = Counter(replace_attention=not checkpointed)
     backward = False
-    with mode, counter:
+    with _apart(), mode, counter:
         outs = _Named(gm, counter).run(*inputs)
         flat = [o for o in torch.utils._pytree.tree_leaves(outs)
                 if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None]

@@ -2,8 +2,10 @@
 
 Most numbers are already counted elsewhere (compile metrics, the C++ op counters, the
 allocator); this module adds what only exists *during* the run and would otherwise be lost:
-the user's source line of each CPU fallback (from the one warning per op the C++ core
-emits, which Python attributes to the calling line), graph breaks with their user frame
+the user's source line of each CPU fallback (the C++ core calls a hook at each op's first
+fallback, on the thread running it: report/sites.py reads the program's line from its
+stack, through compiled graphs' nodes and checkpoint recomputes; the one warning per op
+fills in a backward op run where no Python frame is), graph breaks with their user frame
 (Dynamo's `graph_breaks` log artifact), and the allocator's memory timeline per core.
 `snapshot()` turns all of it into one JSON-able dict, the unit that is rendered and merged.
 """
@@ -26,7 +28,7 @@ from neuronlocal.core import counters as core_counters
 from neuronlocal.core import state as core_state
 from neuronlocal.estimate import capture as estimate_capture
 from neuronlocal.memory import high_water_marks, reset_high_water_marks
-from neuronlocal.report import analysis
+from neuronlocal.report import analysis, sites
 
 SCHEMA = 1
 MAX_TIMELINE_POINTS = 1500
@@ -93,6 +95,7 @@ class Collector:
                 reset_high_water_marks(i)
                 _C._reset_peak_snapshot(i)
         _C._set_timeline(True)
+        _C._set_fallback_site_hook(self._on_fallback)
         self._break_logger.addHandler(self._handler)
         if self._break_logger.getEffectiveLevel() > logging.DEBUG:
             # Not asked for (TORCH_LOGS=graph_breaks or set_logs): collect the records here
@@ -115,16 +118,33 @@ class Collector:
         _active = self
         return self
 
+    def _on_fallback(self, op: str) -> bool:
+        """The C++ core's hook, at an op's first CPU fallbacks: its site, from this stack.
+        False: not the op's own line here, the core calls again at its next fallback."""
+        try:
+            found, own = sites.call_site(sys._getframe(1))
+            if found is not None and (own or op not in self.state.fallback_sites):
+                self.state.fallback_sites[op] = found
+            return own
+        except Exception:  # noqa: BLE001 - the observer never changes the outcome
+            return True
+
     def _showwarning(self, message: Warning | str, category: type[Warning], filename: str,
                      lineno: int, file: Any = None, line: str | None = None) -> None:
         m = _FALLBACK.match(str(message))
         if m and m.group(1) not in self.state.fallback_sites:
-            self.state.fallback_sites[m.group(1)] = {
-                "file": filename, "line": lineno, "source": _source(filename, lineno)}
+            # Where the hook saw no program frame (a backward op on autograd's device
+            # thread): the warning replayed after backward, at the program's line of it.
+            found = (sites.site(filename, lineno) if sites.is_program(filename)
+                     else sites.call_site(sys._getframe(1))[0])
+            self.state.fallback_sites[m.group(1)] = found or sites.site(filename, lineno)
         self._old_showwarning(message, category, filename, lineno, file, line)
 
     def stop(self) -> None:
         global _active
+        from neuronlocal import _C
+
+        _C._set_fallback_site_hook(None)
         if self.estimate is not None:
             self.estimate.stop()
         if warnings.showwarning == self._showwarning:

@@ -45,6 +45,7 @@ BAD: dict[str, list[str]] = {
     "seconds": ["soon", "-1", "inf", "nan", "1e400", "1e19"],
     "level": ["banana", "-1", "3.5", "99", "4", "9223372036854775808"],
     "ccflags": ["-O7", "--optlevel fast", "--target trn2 -O", "--optlevel", "'-O1"],
+    "calls": ["soon", "-1", "2.5", "1e3", "10000000000000"],
 }
 GOOD: dict[str, list[str]] = {
     "instance": ["trn2.48xlarge", "trn3.3xlarge"],
@@ -57,6 +58,7 @@ GOOD: dict[str, list[str]] = {
     "level": ["0", "3", " 2 "],
     "ccflags": ["-O1", "--optlevel 1", "--optlevel=3 --model-type transformer",
                 "--target trn2 -O2", ""],
+    "calls": ["0", "300", " 16 "],
 }
 ISSUE_VALUES = {"NEURON_RT_VISIBLE_CORES": "99", "NEURONLOCAL_INSTANCE": "trn9.huge",
                 "NEURON_LOGICAL_NC_CONFIG": "3", "NEURONLOCAL_HBM_PER_CORE": "0",

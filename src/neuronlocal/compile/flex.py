@@ -317,7 +317,7 @@ def blockwise_flex_attention_backward(
             logsumexp[:, :, s:e], None if grad_out is None else grad_out[:, :, s:e],
             None if grad_logsumexp is None else grad_logsumexp[:, :, s:e],
             _shift_score(fw_graph, s, k0),
-            None if joint_graph is None else _shift_score(joint_graph, s, k0),
+            None if joint_graph is None else _shift_score(joint_graph, s, k0),  # type: ignore[arg-type]
             _shifted(block_mask, s, k0), scale, kernel_options, score_mod_other_buffers,
             mask_mod_other_buffers)
         grads_q.append(gq)

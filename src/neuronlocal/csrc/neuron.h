@@ -17,6 +17,7 @@
 //   autocast.cpp     autocast for the AutocastPrivateUse1 key, with CUDA's op lists
 //   bridge.cpp       CPU aliases in and neuron tensors out for compiled graphs
 //   c10d.cpp         the `neuron` process-group backend, on gloo over CPU aliases
+//   collective_args.cpp  its argument checks for list forms, with the fix in each error
 //   reduce_op.cpp    its reduce ops: every op NCCL has (PREMUL_SUM as premultiply + SUM)
 //   exit.cpp         at exit, lets each core's autograd thread finish before finalization
 #pragma once

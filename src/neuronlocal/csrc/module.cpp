@@ -108,10 +108,6 @@ PYBIND11_MODULE(_C, m) {
     auto* fn = new py::object(std::move(hook));  // leaked: called until the process is gone
     neuron::set_peak_hook([fn]() -> std::string {
       if (!Py_IsInitialized() || _Py_IsFinalizing()) return "";
-      // Only a thread that holds the GIL asks Python: one that would have to take it
-      // (autograd's device threads) has no user line, and taking the GIL while the
-      // interpreter shuts down ends that thread inside the allocator (std::terminate).
-      if (!PyGILState_Check()) return "backward (autograd thread: no user line)";
       py::gil_scoped_acquire gil;
       try {
         return (*fn)().cast<std::string>();

@@ -75,6 +75,14 @@ def _autocast_kernel(hop_mod: ModuleType) -> None:
     hop._neuronlocal = True
 
 
+def _repeat_kv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value with their heads repeated for grouped-query attention, batch expanded."""
+    group = query.size(1) // key.size(1)
+    return (key.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1),
+            value.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1))
+
+
 def dense_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          score_mod: Callable[..., Any], block_mask: tuple[Any, ...],
                          scale: float, kernel_options: dict[str, Any],
@@ -87,9 +95,7 @@ def dense_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
     from torch.nn.attention.flex_attention import _vmap_for_bhqkv
 
-    group = query.size(1) // key.size(1)  # grouped-query attention: repeat the kv heads
-    key = key.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1)
-    value = value.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1)
+    key, value = _repeat_kv(query, key, value)
     work = torch.float64 if query.dtype == torch.float64 else torch.float32
     scores = (query.to(work) @ key.to(work).transpose(-2, -1)) * scale
     b, h, m, n = (torch.arange(s, device=scores.device) for s in scores.shape)
@@ -219,9 +225,7 @@ def _block_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
     from torch.nn.attention.flex_attention import _vmap_for_bhqkv
 
-    group = query.size(1) // key.size(1)  # grouped-query attention: repeat the kv heads
-    key = key.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1)
-    value = value.repeat_interleave(group, dim=1).expand(query.size(0), -1, -1, -1)
+    key, value = _repeat_kv(query, key, value)
     work = torch.float64 if query.dtype == torch.float64 else torch.float32
     scores = query.to(work) @ key.to(work).transpose(-2, -1)
     scores.mul_(scale)

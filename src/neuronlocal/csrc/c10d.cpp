@@ -138,14 +138,6 @@ void install_terminate_guard(int rank) {
   std::call_once(once, [] { g_previous_terminate = std::set_terminate(&on_terminate); });
 }
 
-bool python_alive() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsInitialized() && !Py_IsFinalizing();
-#else
-  return Py_IsInitialized() && !_Py_IsFinalizing();
-#endif
-}
-
 // gloo's works capture the caller's thread-local state and are released on gloo's threads.
 // Python objects in it (torch's backward stashes a contextvars.Context there) would then be
 // decref'd off the main thread, which aborts the process if the interpreter is finalizing.
@@ -682,7 +674,9 @@ class NeuronBackend : public c10d::Backend {
 
   // The run report counts collectives per rank: bytes are this rank's result tensors.
   void record(const char* what, int64_t bytes) const {
-    if (g_record == nullptr || !python_alive()) return;
+    if (g_record == nullptr) return;
+    PythonCall call;
+    if (!call.ok()) return;
     py::gil_scoped_acquire gil;
     try {
       (*g_record)(what, bytes, record_rank_, size_);

@@ -10,6 +10,11 @@
 // an active exception"). An atexit hook therefore runs one tiny backward per used core with
 // the GIL released: a core's thread finishes its previous task, cleanup included, before it
 // takes the new one, and the new one holds no Python objects.
+//
+// Other C++ threads call Python too (the peak and fallback-site hooks run on autograd's
+// threads, collective records on gloo's). After the drain the same hook closes the door they
+// all go through (PythonCall): it waits, with the GIL released, for calls under way, and
+// every later call skips Python instead of waiting for a GIL that finalization never gives.
 #include "neuron.h"
 
 #include <ATen/core/grad_mode.h>
@@ -17,7 +22,46 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/extension.h>
 
+#include <chrono>
+#include <thread>
+
 namespace neuron {
+
+namespace {
+std::atomic<int> g_calls_in_flight{0};
+std::atomic<bool> g_door_closed{false};
+
+bool python_running() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+}  // namespace
+
+// Counted before the door is read, and the closer reads the count after closing it
+// (sequentially consistent): either the call sees the door closed, or the closer waits for it.
+PythonCall::PythonCall() {
+  g_calls_in_flight.fetch_add(1);
+  ok_ = !g_door_closed.load() && python_running();
+  if (!ok_) g_calls_in_flight.fetch_sub(1);
+}
+
+PythonCall::~PythonCall() {
+  if (ok_) g_calls_in_flight.fetch_sub(1);
+}
+
+// Called with the GIL held, from the atexit hook. A call under way may be waiting for the GIL,
+// so the wait releases it. Bounded: a call stuck for other reasons must not hang the exit.
+void close_python_calls() {
+  g_door_closed.store(true);
+  py::gil_scoped_release no_gil;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (g_calls_in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 void drain_autograd_threads() {
   std::vector<c10::DeviceIndex> used;
@@ -39,10 +83,16 @@ void drain_autograd_threads() {
   }
 }
 
+void prepare_exit() {
+  drain_autograd_threads();
+  close_python_calls();
+}
+
 void bind_exit(py::module_& m) {
-  m.def("_drain_autograd_threads", &drain_autograd_threads,
-        "wait until every used core's autograd thread is idle (run at exit)");
-  py::module_::import("atexit").attr("register")(m.attr("_drain_autograd_threads"));
+  m.def("_prepare_exit", &prepare_exit,
+        "wait until every used core's autograd thread is idle, then stop C++ threads calling "
+        "Python (run at exit)");
+  py::module_::import("atexit").attr("register")(m.attr("_prepare_exit"));
 }
 
 }  // namespace neuron

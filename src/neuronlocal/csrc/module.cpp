@@ -21,7 +21,8 @@ namespace {
 void init(py::function starter) {
   auto* fn = new py::object(std::move(starter));  // leaked: used until the process is gone
   neuron::set_starter([fn]() {
-    if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
+    neuron::PythonCall call;
+    if (!call.ok()) return false;
     py::gil_scoped_acquire gil;
     try {
       (*fn)();
@@ -86,7 +87,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_dry_read_hook", [](py::function hook) {
     auto* fn = new py::object(std::move(hook));  // leaked: called until the process is gone
     neuron::set_dry_read_hook([fn](const std::string& what) {
-      if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+      neuron::PythonCall call;
+      if (!call.ok()) return;
       py::gil_scoped_acquire gil;
       try {
         (*fn)(what);
@@ -107,7 +109,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_peak_hook", [](py::function hook) {
     auto* fn = new py::object(std::move(hook));  // leaked: called until the process is gone
     neuron::set_peak_hook([fn]() -> std::string {
-      if (!Py_IsInitialized() || _Py_IsFinalizing()) return "";
+      neuron::PythonCall call;
+      if (!call.ok()) return "";
       py::gil_scoped_acquire gil;
       try {
         return (*fn)().cast<std::string>();
@@ -135,12 +138,14 @@ PYBIND11_MODULE(_C, m) {
     if (hook.is_none()) return neuron::set_fallback_site_hook({});
     // Shared, released with the GIL held: the hook may be dropped on a thread without it.
     auto fn = std::shared_ptr<py::object>(new py::object(std::move(hook)), [](py::object* o) {
-      if (!Py_IsInitialized() || _Py_IsFinalizing()) return;  // leaked at shutdown
+      neuron::PythonCall call;
+      if (!call.ok()) return;  // leaked at shutdown
       py::gil_scoped_acquire gil;
       delete o;
     });
     neuron::set_fallback_site_hook([fn](const std::string& op) {
-      if (!Py_IsInitialized() || _Py_IsFinalizing()) return true;
+      neuron::PythonCall call;
+      if (!call.ok()) return true;
       py::gil_scoped_acquire gil;
       try {
         return py::bool_((*fn)(op)).cast<bool>();

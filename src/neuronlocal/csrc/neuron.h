@@ -19,7 +19,8 @@
 //   c10d.cpp         the `neuron` process-group backend, on gloo over CPU aliases
 //   collective_args.cpp  its argument checks for list forms, with the fix in each error
 //   reduce_op.cpp    its reduce ops: every op NCCL has (PREMUL_SUM as premultiply + SUM)
-//   exit.cpp         at exit, lets each core's autograd thread finish before finalization
+//   exit.cpp         at exit, lets each core's autograd thread finish and closes the door
+//                    C++ threads use to call Python, before finalization
 #pragma once
 
 #include <ATen/ATen.h>
@@ -276,5 +277,23 @@ extern std::atomic<bool> g_foreach_queued;
 inline void settle() {
   if (g_foreach_queued.load(std::memory_order_acquire)) run_queued_foreach();
 }
+
+// ---- exit.cpp --------------------------------------------------------------
+// The door every C++ -> Python call goes through (hooks, the starter, collective records).
+// A thread that waits for the GIL while the interpreter finalizes is ended by CPython inside
+// noexcept code, and a script that succeeded aborts at exit. At exit the door closes: calls
+// under way finish first, later ones see ok() false and skip Python. Declare the PythonCall
+// before the py::gil_scoped_acquire, so the GIL is released before the call is counted done.
+class PythonCall {
+ public:
+  PythonCall();
+  ~PythonCall();
+  PythonCall(const PythonCall&) = delete;
+  PythonCall& operator=(const PythonCall&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  bool ok_;
+};
 
 }  // namespace neuron

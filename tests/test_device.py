@@ -494,6 +494,30 @@ def test_rng_state_accepts_a_seed_alone_and_refuses_other_sizes():
         torch.neuron.set_rng_state(torch.get_rng_state())  # CPU's 5056-byte state
 
 
+def test_a_set_core_state_draws_its_own_stream_until_reseeded():
+    """DTensor's random-number tracker sets the core's (seed, offset) for each random op
+    inside torch.random.fork_rng, which then restores CPU's generator: draws from CPU's
+    would repeat in every region (and trunc_normal_'s redraw loop would never end). Once
+    set, the core's state is the stream, distinct per offset; torch.manual_seed returns
+    draws to CPU's stream."""
+    torch.manual_seed(3)
+    first = torch.randn(4, device="neuron").cpu()
+    seen = []
+    for offset in (0, 0, 64):
+        state = torch.tensor([9, offset], dtype=torch.int64).view(torch.uint8)
+        with torch.random.fork_rng(device_type="neuron"):
+            torch.neuron.set_rng_state(state)
+            cpu_before = torch.get_rng_state()
+            seen.append(torch.randn(4, device="neuron").cpu())
+            seen.append(torch.nn.functional.dropout(torch.ones(64, device="neuron"), 0.5).cpu())
+            assert torch.equal(cpu_before, torch.get_rng_state())  # CPU's stream untouched
+            assert _state()[1] > offset  # the draw moved the core's offset
+    assert torch.equal(seen[0], seen[2]) and torch.equal(seen[1], seen[3])  # same state
+    assert not torch.equal(seen[0], seen[4]) and not torch.equal(seen[1], seen[5])
+    torch.manual_seed(3)
+    assert torch.equal(torch.randn(4, device="neuron").cpu(), first)
+
+
 def test_new_generator_reports_its_neuron_device():
     with torch.neuron.device(2):
         g = torch.Generator(device="neuron")

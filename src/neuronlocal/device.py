@@ -9,8 +9,11 @@ Each logical core has a generator with TorchNeuron's 16-byte (seed, offset) stat
 (csrc/generator.cpp). As on TorchNeuron, random ops on neuron tensors (`randn_like`,
 `normal_`, dropout, ...) run on the host and draw from CPU's global generator unless a
 generator is passed: `torch.manual_seed` fixes them, the stream continues across CPU and
-neuron draws, and `torch.neuron.manual_seed` / `set_rng_state` set the core's state without
-changing what they draw. A neuron generator passed explicitly draws CPU's stream for its seed.
+neuron draws, and `torch.neuron.manual_seed` sets the core's state without changing what they
+draw. A neuron generator passed explicitly draws CPU's stream for its seed, and so does the
+core's own generator once `set_rng_state` sets its state, until it is seeded again: DTensor's
+random-number tracker sets that state for each random op inside `torch.random.fork_rng`,
+which restores CPU's generator afterwards, so CPU's stream would repeat in every region.
 
 With a bad environment variable the device is unavailable, as CUDA is with a broken driver:
 `is_available()` returns False (and warns once with the reason), seeding is a no-op (so

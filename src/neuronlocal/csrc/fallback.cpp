@@ -584,17 +584,20 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
     }
   }
-  // No generator: the CPU kernel draws from CPU's global one. A neuron generator passed in
-  // draws its own stream, on CPU.
+  // No generator: the CPU kernel draws from CPU's global one, or the core's own stream once
+  // its state was set (generator.cpp). A neuron generator passed in draws its own stream.
   std::optional<Draw> draw;
   if (dry && info.generator_arg >= 0) {
     (*stack)[base + info.generator_arg] = c10::IValue();  // meta kernels draw nothing
   } else if (info.generator_arg >= 0) {
     auto& g = (*stack)[base + info.generator_arg];
-    if (!g.isNone() && g.toGenerator().device().type() == kNeuron) {
+    if (g.isNone()) {
+      const auto& core = default_generator(call.index);
+      if (draws_own_stream(core)) draw.emplace(core);
+    } else if (g.toGenerator().device().type() == kNeuron) {
       draw.emplace(g.toGenerator());
-      g = c10::IValue(draw->generator());
     }
+    if (draw) g = c10::IValue(draw->generator());
   }
   const auto result_dtype = float_for_half(info, *stack, base);
   if (dry) {

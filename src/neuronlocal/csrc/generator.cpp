@@ -11,6 +11,13 @@
 // rebuild it in any process. A state read in this process is restored exactly (with the
 // Box-Muller sample CPU's normal ops may keep between calls); one from elsewhere is rebuilt
 // by stepping the engine, without that cached sample.
+//
+// A core's default generator draws its own stream too once its state is set (set_state:
+// torch.neuron.set_rng_state, fork_rng's restore), until it is seeded again (manual_seed,
+// seed). DTensor's random-number tracker works that way: it sets each core's (seed, offset)
+// for a random op inside torch.random.fork_rng, which restores CPU's global generator
+// afterwards, so draws from that one would repeat in every region (and trunc_normal_'s
+// redraw loop would never end).
 #include "neuron.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -62,6 +69,7 @@ class NeuronGenerator final : public c10::GeneratorImpl {
   void set_current_seed(uint64_t seed) override {
     host_.set_current_seed(seed);  // also drops CPU's cached normal samples
     offset_ = 0;
+    own_stream_ = false;
   }
   uint64_t current_seed() const override { return host_.current_seed(); }
   uint64_t seed() override {
@@ -96,7 +104,11 @@ class NeuronGenerator final : public c10::GeneratorImpl {
     if (n == 16) std::memcpy(&offset, p + 8, 8);
     TORCH_CHECK(offset >= 0, "RNG state has a negative offset (", offset, ")");
     move_to(seed, offset);
+    own_stream_ = true;
   }
+
+  // Whether random ops on this core draw this generator's stream when none is passed.
+  bool own_stream() const { return own_stream_; }
 
   // The CPU generator random ops draw from; call account() with the engine as it was before.
   at::Generator& host() { return host_; }
@@ -181,6 +193,7 @@ class NeuronGenerator final : public c10::GeneratorImpl {
 
   at::Generator host_;
   int64_t offset_ = 0;
+  std::atomic<bool> own_stream_{false};
   mutable std::deque<Snapshot> snapshots_;
 };
 
@@ -192,6 +205,11 @@ NeuronGenerator* neuron_impl(const at::Generator& g) {
 
 at::Generator make_generator(c10::DeviceIndex index) {
   return at::make_generator<NeuronGenerator>(index);
+}
+
+bool draws_own_stream(const at::Generator& gen) {
+  auto* g = neuron_impl(gen);
+  return g != nullptr && g->own_stream();
 }
 
 Draw::Draw(const at::Generator& gen) : gen_(gen), impl_(neuron_impl(gen)) {

@@ -201,7 +201,8 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
-// TorchNeuron's native_dropout: the keep mask is drawn on CPU from CPU's global generator,
+// TorchNeuron's native_dropout: the keep mask is drawn on CPU from CPU's global generator
+// (or the core's own stream once its state was set, as random ops do),
 // so seeding and dropping out on neuron drops what CPU drops; nothing is drawn in eval mode
 // or for p of 0 or 1, and a p outside [0, 1] is refused in training.
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
@@ -229,7 +230,9 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   } else {
     double p1m = 1. - p;
     auto noise = at::empty_like(x, LEGACY_CONTIGUOUS_MEMORY_FORMAT);
-    noise.bernoulli_(p1m);  // CPU's global generator
+    std::optional<Draw> draw;  // CPU's global generator, or the core's own stream
+    if (draws_own_stream(default_generator(idx))) draw.emplace(default_generator(idx));
+    noise.bernoulli_(p1m, draw ? std::optional<at::Generator>(draw->generator()) : std::nullopt);
     out = x.mul(noise).mul_(1. / p1m);
     mask = noise.to(at::kBool);
   }

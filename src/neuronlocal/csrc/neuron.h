@@ -62,8 +62,11 @@ void register_guard_and_hooks();
 
 // ---- generator.cpp ---------------------------------------------------------
 // A core's generator: TorchNeuron's 16-byte (seed, offset) state over CPU's stream for that
-// seed, drawn only when passed to a random op (ops without one draw CPU's global generator).
+// seed, drawn when passed to a random op; ops without one draw CPU's global generator,
+// unless the core's default generator draws its own stream (its state was set since its
+// last seeding: draws_own_stream).
 at::Generator make_generator(c10::DeviceIndex index);
+bool draws_own_stream(const at::Generator& gen);
 // While alive, holds a neuron generator's lock; generator() is the CPU generator to hand a
 // CPU kernel, and what it draws is added to the neuron generator's offset at the end. Any
 // other generator passes through unchanged.

@@ -255,3 +255,48 @@ def test_hf_qwen3_moe_dry_runs_with_balanced_experts():
     assert "modeling_qwen3_moe.py" in sites[0]["at"], sites
     # the experts' loop (one_hot, nonzero, where) ran on real indices: no zero read there
     assert not [e for e in r["reads"] if "nonzero" in e["op"] or "where" in e["op"]], r
+
+
+GPT_OSS = """\
+    import json, torch
+    from transformers import GptOssConfig, GptOssForCausalLM
+    from neuronlocal.core import dryrun
+    torch.manual_seed(0)
+    cfg = GptOssConfig(vocab_size=256, hidden_size=64, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                       sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    with torch.device("neuron"):
+        model = GptOssForCausalLM(cfg)
+    counts = []
+    for layer in model.model.layers:
+        layer.mlp.experts.register_forward_hook(lambda m, a, o: counts.append(
+            torch.bincount(a[1].reshape(-1), minlength=8).tolist()))
+    ids = torch.randint(0, 256, (2, 32), device="neuron")
+    model(ids, labels=ids).loss.backward()
+    print(json.dumps({"counts": counts, "reads": dryrun.reads()}))
+    """
+
+
+def test_hf_gpt_oss_dry_runs_its_grouped_experts_on_real_offsets():
+    """GPT-OSS's experts (sort, histc, cumsum offsets into grouped_mm) get the balanced
+    routing's offsets: nothing in the experts' path is read as zero."""
+    pytest.importorskip("transformers", reason="HF GPT-OSS needs transformers")
+    r = run_code(GPT_OSS, [], DRY)
+    assert r["counts"] == [[16] * 8] * 2, r
+    topk = [e for e in r["reads"] if e["op"].startswith("aten::topk indices")]
+    assert len(topk) == 1 and "modeling_gpt_oss.py" in topk[0]["at"], r["reads"]
+    assert not [e for e in r["reads"] if "integrations/moe.py" in e["at"]], r["reads"]
+
+
+def test_cli_refuses_a_bad_routing(tmp_path):
+    (tmp_path / "s.py").write_text("print('hi')\n")
+    proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--dry-run",
+                           "--routing", "hot:1.5", "s.py"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2
+    assert "--routing='hot:1.5' is not a routing policy" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--routing", "hot:0.5",
+                           "s.py"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2 and "--routing" in proc.stderr, proc.stderr

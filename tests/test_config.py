@@ -46,6 +46,7 @@ BAD: dict[str, list[str]] = {
     "level": ["banana", "-1", "3.5", "99", "4", "9223372036854775808"],
     "ccflags": ["-O7", "--optlevel fast", "--target trn2 -O", "--optlevel", "'-O1"],
     "calls": ["soon", "-1", "2.5", "1e3", "10000000000000"],
+    "routing": ["hot:2", "hot", "hot:-0.1", "cold:0.5", "balanced:1", "hot:nan"],
 }
 GOOD: dict[str, list[str]] = {
     "instance": ["trn2.48xlarge", "trn3.3xlarge"],
@@ -59,6 +60,7 @@ GOOD: dict[str, list[str]] = {
     "ccflags": ["-O1", "--optlevel 1", "--optlevel=3 --model-type transformer",
                 "--target trn2 -O2", ""],
     "calls": ["0", "300", " 16 "],
+    "routing": ["balanced", "hot:0.5", "HOT:1", " hot:0 "],
 }
 ISSUE_VALUES = {"NEURON_RT_VISIBLE_CORES": "99", "NEURONLOCAL_INSTANCE": "trn9.huge",
                 "NEURON_LOGICAL_NC_CONFIG": "3", "NEURONLOCAL_HBM_PER_CORE": "0",

@@ -30,7 +30,8 @@ class EnvVar:
     # How the value is checked: flag, size, level, seconds, count (a whole number), calls
     # (a whole number of calls), choice
     # (of `choices`), instance and cores (checked against the instance profile in
-    # hardware.py), ccflags (compiler flags, whose optimisation level is checked), or text.
+    # hardware.py), ccflags (compiler flags, whose optimisation level is checked), routing
+    # (a dry run's routing policy), or text.
     kind: str = "text"
     choices: tuple[str, ...] = ()
 
@@ -91,6 +92,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "and HBM accounting but no bytes, ops run meta kernels, collectives complete "
            "without peers; values read from the device are zeros, except small copies from the "
            "host (docs/dry-run.md).", "flag"),
+    EnvVar("NEURONLOCAL_DRY_RUN_ROUTING", "balanced",
+           "In a dry run, the indices of topk, sort, argmax and max/min over values the run "
+           "does not have (MoE routing): `balanced` (each index as often, +-1, as Megatron's "
+           "forced load balancing) or `hot:<fraction>` (that fraction of the rows takes "
+           "index 0, e.g. `hot:0.5`; the rest balanced over the others).", "routing"),
     EnvVar("NEURONLOCAL_DRY_RUN_STEPS", "0",
            "In a dry run, stop the program (exit 0) after this many optimizer steps; 0 runs "
            "it to its end (a whole number)."),
@@ -302,6 +308,22 @@ def env_optlevel() -> int:
     return parse_optlevel("NEURON_CC_FLAGS", env_str("NEURON_CC_FLAGS") or "")
 
 
+def parse_routing(name: str, raw: str) -> float:
+    """A dry run's routing policy: -1 for `balanced`, else the hot fraction of `hot:<f>`."""
+    value = raw.strip().lower()
+    if value == "balanced":
+        return -1.0
+    head, _, frac = value.partition(":")
+    try:
+        hot = float(frac) if head == "hot" else -1.0
+    except ValueError:
+        hot = -1.0
+    if not 0.0 <= hot <= 1.0:
+        raise ConfigError(f"{name}={raw!r} is not a routing policy; use `balanced` or "
+                          "`hot:<fraction>` with a fraction from 0 to 1, e.g. hot:0.5.")
+    return hot
+
+
 def _check(var: EnvVar, raw: str) -> None:
     """Raises ConfigError when `raw` is not a value `var` accepts (kinds checked here)."""
     if var.kind == "flag":
@@ -316,6 +338,8 @@ def _check(var: EnvVar, raw: str) -> None:
         parse_optlevel(var.name, raw)
     elif var.kind == "calls":
         parse_calls(var.name, raw)
+    elif var.kind == "routing":
+        parse_routing(var.name, raw)
     elif var.kind == "count" and not _INTEGER.fullmatch(raw.strip()):
         raise ConfigError(f"{var.name}={raw!r} is not a number of cores; use a whole number "
                           "such as 1 or 4 (0 means all).")

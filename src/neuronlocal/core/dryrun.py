@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from neuronlocal.core.config import ConfigError, env_flag, env_str
+from neuronlocal.core.config import ConfigError, env_flag, env_str, parse_routing
 
 _lock = threading.Lock()
 _reads: Counter[tuple[str, str]] = Counter()
@@ -68,6 +68,17 @@ def step_limit() -> int:
         log.warning("NEURONLOCAL_DRY_RUN_STEPS=%r is not a whole number of steps; the dry "
                     "run goes to the program's end. Use e.g. 2 (0: no limit).", raw)
     return 0
+
+
+def routing() -> float:
+    """NEURONLOCAL_DRY_RUN_ROUTING: -1 balanced, else the fraction of rows on index 0. A bad
+    value is balanced here; the device then refuses to start with the configuration error
+    (config.py), so no run reports numbers under a policy it was not given."""
+    raw = env_str("NEURONLOCAL_DRY_RUN_ROUTING")
+    try:
+        return parse_routing("NEURONLOCAL_DRY_RUN_ROUTING", raw) if raw else -1.0
+    except ConfigError:
+        return -1.0
 
 
 def _user_line() -> str:
@@ -285,6 +296,7 @@ def install() -> None:
     _PLAIN = (torch.Tensor, torch.nn.Parameter)
     _C._set_dry_run(True)
     _C._set_dry_read_hook(record_read)
+    _C._set_dry_routing(routing())
     _C._set_peak_hook(_peak_line)
     torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
     torch._C._autograd._push_saved_tensors_default_hooks(_pack, _unpack)

@@ -19,7 +19,11 @@
 // In a dry run (no inner gloo) the group stands for all its ranks from this one process:
 // every collective completes at once, recorded as in a real run, with uniform-rank
 // semantics (every rank holds this rank's data). Neuron tensors hold no bytes, so only CPU
-// tensors (object collectives) get data: gathers copy this rank's input to every slot.
+// tensors (object collectives) get data: gathers copy this rank's input to every slot. Neuron
+// tensors that hold values (index math: dry_values.cpp) get the uniform-rank result too: the
+// gathers', all_reduce's (SUM is this rank's times the group size; AVG, MAX, MIN leave it)
+// and all_to_all_single's (every rank sends this rank's chunk for it); any other collective's
+// result holds none.
 #include "collective_args.h"
 #include "dry.h"
 #include "neuron.h"
@@ -45,6 +49,9 @@ using c10d::OpType;
 using c10d::Work;
 using Future = c10::ivalue::Future;
 using WorkPtr = c10::intrusive_ptr<Work>;
+
+// Set by a dry-run collective that decided which of its results hold values (see the top).
+thread_local bool t_dry_kept = false;
 
 // Python hooks, set once by neuronlocal.distributed and never released: they must outlive
 // every group, and a decref after interpreter shutdown would crash.
@@ -469,6 +476,7 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
     auto plan = plan_reduce(o.reduceOp, ts, "all_reduce");
     check("all_reduce", ts);
+    if (!gloo_) uniform_reduce(ts, o.reduceOp);
     return issue("all_reduce", OpType::ALLREDUCE, ts, [&] {
       auto a = hosts(ts);
       for (const auto& t : a) premultiply_(t, plan);
@@ -615,6 +623,7 @@ class NeuronBackend : public c10d::Backend {
   }
   WorkPtr broadcast(std::vector<at::Tensor>& ts, const c10d::BroadcastOptions& o) override {
     check("broadcast", ts, o.rootRank);
+    t_dry_kept = true;  // uniform-rank: every rank's tensor is this rank's already
     return issue("broadcast", OpType::BROADCAST, ts, [&] {
       auto a = hosts(ts);
       return std::vector<WorkPtr>{gloo_->broadcast(a, o)};
@@ -658,6 +667,7 @@ class NeuronBackend : public c10d::Backend {
     even_splits("output", out, out_splits);
     even_splits("input", in, in_splits);
     check("all_to_all_single", {in});
+    if (!gloo_) uniform_all_to_all(out, in, rank_, size_);
     return issue("all_to_all_single", OpType::ALLTOALL_BASE, {out}, [&] {
       auto ao = host(out);
       auto ai = host(in);
@@ -724,7 +734,10 @@ class NeuronBackend : public c10d::Backend {
     if (gloo_) {
       NoPythonObjects clean;
       inner = start();
+    } else if (!t_dry_kept) {
+      for (const auto& t : result) dry_mark(t, false);
     }
+    t_dry_kept = false;
     record(what, nbytes(result));
     for (const auto& t : result) tag_storage(t, kTagCollectives);  // the peak's breakdown
     if (coalescing_) coalesced_result_.insert(coalesced_result_.end(), result.begin(), result.end());
@@ -779,21 +792,59 @@ class NeuronBackend : public c10d::Backend {
     if (t.numel() * static_cast<int64_t>(t.element_size()) > kDryKeepBytes) return {};
     return cpu_alias(t);
   }
+  // Whether a dry-run result holds values: a neuron one when its input did and it was
+  // written whole (a CPU one is not tracked).
+  static void mark_from(const at::Tensor& out, const at::Tensor& in, bool written) {
+    if (out.device().type() != kNeuron) return;
+    const bool values = written && (in.device().is_cpu() || dry_has_values(in));
+    dry_mark(out, values && (dry_has_values(out) || covers_storage(out)));
+  }
   static void uniform_gather(std::vector<std::vector<at::Tensor>>& outs,
                              const std::vector<at::Tensor>& ins) {
-    for (size_t i = 0; i < outs.size() && i < ins.size(); ++i) {
-      auto in = bytes_of(ins[i]);
-      if (!in.defined()) continue;
+    t_dry_kept = true;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      auto in = i < ins.size() ? bytes_of(ins[i]) : at::Tensor();
       for (auto& o : outs[i]) {
         auto out = bytes_of(o);
-        if (out.defined() && out.numel() == in.numel()) out.copy_(in.view_as(out));
+        const bool written = in.defined() && out.defined() && out.numel() == in.numel();
+        if (written) out.copy_(in.view_as(out));
+        mark_from(o, i < ins.size() ? ins[i] : o, written);
       }
     }
   }
   static void uniform_gather_flat(const at::Tensor& out, const at::Tensor& in, int size) {
+    t_dry_kept = true;
     auto i = bytes_of(in), o = bytes_of(out);
-    if (!i.defined() || !o.defined() || !o.is_contiguous() || o.numel() != i.numel() * size) return;
-    for (const auto& chunk : o.view({-1}).chunk(size)) chunk.copy_(i.reshape({-1}));
+    const bool written = i.defined() && o.defined() && o.is_contiguous() &&
+                         o.numel() == i.numel() * size;
+    if (written) for (const auto& chunk : o.view({-1}).chunk(size)) chunk.copy_(i.reshape({-1}));
+    mark_from(out, in, written);
+  }
+  void uniform_reduce(const std::vector<at::Tensor>& ts, const c10d::ReduceOp& op) const {
+    t_dry_kept = true;
+    const auto k = op.op_;
+    const bool same = k == c10d::ReduceOp::AVG || k == c10d::ReduceOp::MAX ||
+                      k == c10d::ReduceOp::MIN || k == c10d::ReduceOp::BAND ||
+                      k == c10d::ReduceOp::BOR;
+    for (const auto& t : ts) {
+      if (t.device().type() != kNeuron || !dry_has_values(t)) continue;
+      if (k == c10d::ReduceOp::SUM && !t.is_complex()) {
+        cpu_alias(t).mul_(size_);
+      } else if (!same) {
+        dry_mark(t, false);
+      }
+    }
+  }
+  static void uniform_all_to_all(const at::Tensor& out, const at::Tensor& in, int rank, int size) {
+    t_dry_kept = true;
+    const bool written = out.device().type() == kNeuron && dry_has_values(in) &&
+                         in.numel() == out.numel() && in.numel() % size == 0 &&
+                         out.is_contiguous();
+    if (written) {
+      auto mine = cpu_alias(in).reshape({size, -1})[rank].clone();
+      for (const auto& chunk : cpu_alias(out).view({size, -1}).unbind(0)) chunk.copy_(mine);
+    }
+    mark_from(out, in, written);
   }
 
   // TorchNeuron's alltoall supports only even splits; say so instead of computing.

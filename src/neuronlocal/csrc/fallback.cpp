@@ -259,6 +259,7 @@ struct Call {
   size_t cpu_arg = SIZE_MAX;  // first non-scalar tensor argument on another device
   const bool downcast = g_downcast.load(std::memory_order_relaxed);
   const bool dry = dry_run();
+  bool real = false;  // dry run, every input holds values: the CPU kernel on their bytes
   bool downcast_f = false, downcast_i = false;
   // The call names its result dtype (`cumsum(..., dtype=torch.int32)`): a 32-bit result is
   // what CPU gives too, not a 64-bit one computed in 32 bits, so it is not cast back.
@@ -286,7 +287,7 @@ struct Call {
     else if (dev.index() != index) {
       mixed_devices(info, {kNeuron, index}, dev, op_arg_name(arg));
     }
-    Input x{t, dry ? meta_alias(t) : alias_of(t), {}, write};
+    Input x{t, dry && !real ? meta_alias(t) : alias_of(t), {}, write};
     x.compute = x.alias;
     if (downcast && !d.exact) {
       auto st = t.scalar_type();
@@ -316,7 +317,16 @@ struct Call {
     auto* a = x.alias.unsafeGetTensorImpl();
     const auto& ast = a->storage();
     auto* nst = n->storage().unsafeGetStorageImpl();
-    if (dry) {
+    if (dry && real) {  // the bytes were written in place, or into a storage the kernel grew
+      if (ast.data() != nst->data() || ast.nbytes() != nst->nbytes()) {
+        auto fresh = dry_data(static_cast<int64_t>(ast.nbytes()), x.neuron.device().index());
+        if (static_cast<int64_t>(ast.nbytes()) <= kDryValueBytes && ast.nbytes() > 0) {
+          std::memcpy(fresh.get(), ast.data(), ast.nbytes());
+        }
+        nst->set_data_ptr_noswap(std::move(fresh));
+        nst->set_nbytes(ast.nbytes());
+      }
+    } else if (dry) {
       if (ast.nbytes() != nst->nbytes()) {
         nst->set_data_ptr_noswap(dry_data(static_cast<int64_t>(ast.nbytes()),
                                           x.neuron.device().index()));
@@ -330,6 +340,9 @@ struct Call {
         n->storage_offset() != a->storage_offset()) {
       n->set_sizes_and_strides(a->sizes(), a->strides(), a->storage_offset());
     }
+    // Written from inputs with values: the storage holds them if it did, or if this write
+    // defined all of it. Written from data the run lacks: it holds none.
+    if (dry) dry_mark(x.neuron, real && (dry_has_values(x.neuron) || covers_storage(x.neuron)));
   }
 
   at::Tensor out(at::Tensor r) {
@@ -354,7 +367,7 @@ struct Call {
     for (auto& [cpu, st] : adopted) {
       if (cpu == sti) return make_neuron(st, r);
     }
-    if (r._is_zerotensor() && !dry) r = at::zeros(r.sizes(), r.options());
+    if (r._is_zerotensor() && (!dry || real)) r = at::zeros(r.sizes(), r.options());
     auto st = r.scalar_type();
     if (!dtype_given && ((downcast_f && (st == at::kFloat || st == at::kComplexFloat)) ||
                          (downcast_i && st == at::kInt))) {
@@ -363,13 +376,16 @@ struct Call {
     auto idx = index < 0 ? current_device() : index;
     auto nst = dry ? dry_storage(static_cast<int64_t>(r.storage().nbytes()), idx)
                    : adopt_storage(r.storage(), idx);
-    // A small host result (an op without a meta kernel) keeps its bytes, as small copies do.
-    if (dry && !r.is_meta() && r.storage().nbytes() > 0 &&
-        static_cast<int64_t>(r.storage().nbytes()) <= kDryKeepBytes) {
+    // A small host result (an op without a meta kernel) keeps its bytes, as small copies do;
+    // computed from inputs with values, it holds values (up to kDryValueBytes).
+    const auto bytes = static_cast<int64_t>(r.storage().nbytes());
+    if (dry && !r.is_meta() && bytes > 0 && bytes <= (real ? kDryValueBytes : kDryKeepBytes)) {
       std::memcpy(nst.mutable_data(), r.storage().data(), r.storage().nbytes());
     }
     adopted.emplace_back(r.storage().unsafeGetStorageImpl(), nst);
-    return make_neuron(nst, r);
+    auto t = make_neuron(nst, r);
+    if (dry && real) dry_mark(t, true);
+    return t;
   }
 };
 
@@ -453,8 +469,8 @@ std::optional<at::ScalarType> float_for_half(const OpInfo& info, torch::jit::Sta
 // `.item()` in a dry run: read from the tensor's memory (zero unless copied from the host).
 void dry_item(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto& v = stack->back();
+  if (!dry_has_values(v.toTensor())) dry_read("aten::_local_scalar_dense (.item())");
   v = alias_of(v.toTensor());
-  dry_read("aten::_local_scalar_dense (.item())");
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
@@ -505,6 +521,76 @@ void redispatch_dry(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
+// Whether a dry-run call computes for real: it draws nothing, and every neuron input holds
+// values (an out= argument's old bytes do not matter), none larger than kDryValueBytes.
+bool computes_values(const OpInfo& info, const c10::FunctionSchema& schema,
+                     const torch::jit::Stack& stack, size_t base) {
+  if (info.generator_arg >= 0) return false;
+  bool ok = true;
+  auto check = [&](const at::Tensor& t, bool out) {
+    if (!ok || !t.defined() || t.device().type() != kNeuron) return;
+    ok = static_cast<int64_t>(t.storage().nbytes()) <= kDryValueBytes &&
+         (out || dry_has_values(t));
+  };
+  for (size_t i = 0; i < schema.arguments().size() && ok; ++i) {
+    const auto& v = stack[base + i];
+    const bool out = info.write[i] && schema.arguments()[i].is_out();
+    if (v.isTensor()) {
+      check(v.toTensor(), out);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) check(t, out);
+    } else if (v.isOptionalTensorList()) {
+      auto list = v.toOptionalTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        std::optional<at::Tensor> t = list.get(j);
+        if (t.has_value()) check(*t, out);
+      }
+    }
+  }
+  return ok;
+}
+
+// The routing policy's ops: which result holds indices (-1: none). `max`/`min` only with a dim.
+int index_result(const OpInfo& info) {
+  const auto& b = info.base;
+  if (b == "aten::topk" || b == "aten::sort") return 1;
+  if ((b == "aten::max" || b == "aten::min") && info.name.find(".dim") != std::string::npos) return 1;
+  if (b == "aten::argmax" || b == "aten::argmin") return 0;
+  return -1;
+}
+
+// Where the policy's op takes its indices: the input's size along `dim` and whether the
+// result keeps that dim (read from the arguments before the call).
+struct IndexSite {
+  int64_t dim = -1, n = 0;
+  bool kept = true;
+};
+IndexSite index_site(const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
+                     size_t base) {
+  IndexSite s;
+  const auto& self = stack[base].toTensor();
+  std::optional<int64_t> dim;
+  bool keepdim = false, has_keepdim = false;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& name = schema.arguments()[i].name();
+    const auto& v = stack[base + i];
+    if (name == "dim" && v.isInt()) dim = v.toInt();
+    if (name == "keepdim" && v.isBool()) {
+      keepdim = v.toBool();
+      has_keepdim = true;
+    }
+  }
+  if (!dim) {  // argmax over everything: one index into the flattened input
+    s.n = self.numel();
+    s.kept = false;
+    return s;
+  }
+  s.dim = c10::maybe_wrap_dim(*dim, std::max<int64_t>(self.dim(), 1));
+  s.n = self.dim() == 0 ? 1 : self.size(s.dim);
+  s.kept = !has_keepdim || keepdim;
+  return s;
+}
+
 }  // namespace
 
 void set_dry_read_hook(std::function<void(const std::string&)> hook) {
@@ -543,6 +629,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n = schema.arguments().size();
   const size_t base = stack->size() - n;
   Call call(info, d, schema);
+  if (dry) call.real = computes_values(info, schema, *stack, base);
+  const int index_at = dry && !call.real ? index_result(info) : -1;
+  const IndexSite site = index_at >= 0 ? index_site(schema, *stack, base) : IndexSite{};
   for (size_t i = 0; i < n; ++i) {
     auto& v = (*stack)[base + i];
     const bool w = info.write[i];
@@ -562,7 +651,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     } else if (v.isDevice() && v.toDevice().type() == kNeuron) {
       auto d = v.toDevice();
       if (call.index < 0) call.index = d.has_index() ? d.index() : current_device();
-      v = c10::IValue(c10::Device(dry ? c10::kMeta : c10::kCPU));
+      v = c10::IValue(c10::Device(dry && !call.real ? c10::kMeta : c10::kCPU));
     }
   }
   if (call.cpu_arg != SIZE_MAX) {
@@ -600,7 +689,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (draw) g = c10::IValue(draw->generator());
   }
   const auto result_dtype = float_for_half(info, *stack, base);
-  if (dry) {
+  if (dry && !call.real) {
     redispatch_dry(op, info, stack, base, call.inputs);
   } else {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
@@ -616,6 +705,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       auto list = r.toTensorList();
       for (size_t k = 0; k < list.size(); ++k) list.set(k, call.out(list.get(k)));
     }
+  }
+  if (index_at >= 0 && static_cast<size_t>(index_at) < nret && (*stack)[rbase + index_at].isTensor()) {
+    dry_fill_index(info.base, (*stack)[rbase + index_at].toTensor(), site.dim, site.kept, site.n);
   }
   if (d.cpu_fallback) count_host_traffic(info, call, *stack, rbase);
 }

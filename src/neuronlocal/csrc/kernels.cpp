@@ -70,6 +70,13 @@ at::Tensor choice_stand_in(const at::Tensor& t, SymbolValues& symbols) {
   return out;
 }
 
+// A fresh allocation holds values in a dry run (undefined ones, as in a real run): what
+// fills it decides what it holds (dry_values.cpp).
+at::Tensor born(at::Tensor t) {
+  if (dry_run()) dry_mark(t, true);
+  return t;
+}
+
 }  // namespace
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
@@ -81,9 +88,9 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
   if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty", "quantized");
   settle();  // queued ops may hold the last reference to memory: free it before allocating
   IndexGuard g(device);
-  return at::detail::empty_generic(size, allocator(),
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), mf);
+  return born(at::detail::empty_generic(size, allocator(),
+                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                        c10::dtype_or_default(dtype), mf));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -95,9 +102,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   if (dtype && c10::isQIntType(*dtype)) unsupported("aten::empty_strided", "quantized");
   settle();
   IndexGuard g(device);
-  return at::detail::empty_strided_generic(size, stride, allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                           c10::dtype_or_default(dtype));
+  return born(at::detail::empty_strided_generic(size, stride, allocator(),
+                                                c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                c10::dtype_or_default(dtype)));
 }
 
 // TorchNeuron's set_ takes only neuron storage (CPU memory cannot back a neuron tensor).
@@ -158,17 +165,28 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   // A dry run's device memory reads as zeros where no op wrote (ops run meta kernels); a
   // copy onto the device keeps its bytes up to kDryKeepBytes (metadata, counters, seeds that
   // programs read back), and larger ones are dropped.
+  // Values (dry_values.cpp): a neuron source's, or an integer host source's (token ids,
+  // labels, counts; float host data stands for weights and activations the run lacks).
+  const bool from_neuron = self.device().type() == kNeuron;
+  const bool values = dry_run() && (from_neuron ? dry_has_values(self)
+                                                : !at::isFloatingType(self.scalar_type()) &&
+                                                      !at::isComplexType(self.scalar_type()));
   if (dry_run()) {
     const bool to_host = dst.device().type() != kNeuron;
-    if (to_host && self.device().type() == kNeuron) {
-      dry_read("copy of a neuron tensor to " + dst.device().str());
-    } else if (!to_host && dst.numel() * static_cast<int64_t>(dst.element_size()) > kDryKeepBytes) {
+    if (to_host && from_neuron) {
+      if (!values) dry_read("copy of a neuron tensor to " + dst.device().str());
+    } else if (!to_host && dst.numel() * static_cast<int64_t>(dst.element_size()) >
+                               (values && from_neuron ? kDryValueBytes : kDryKeepBytes)) {
+      dry_mark(dst, false);
       return dst;
     }
   }
-  auto src = self.device().type() == kNeuron ? cpu_alias(self) : self;
+  auto src = from_neuron ? cpu_alias(self) : self;
   auto out = dst.device().type() == kNeuron ? cpu_alias(dst) : dst;
   out.copy_(src);
+  if (dry_run() && dst.device().type() == kNeuron) {
+    dry_mark(dst, values && (dry_has_values(dst) || covers_storage(dst)));
+  }
   return dst;
 }
 

@@ -373,7 +373,10 @@ struct DryBlock {
 void free_dry(void* ctx) {
   auto* d = static_cast<DryBlock*>(ctx);
   const int64_t size = d->block->size;
-  if (size >= 4096) madvise(d->addr, static_cast<size_t>(size), MADV_DONTNEED);
+  dry_forget(d->addr);  // before the address can be reused: a new storage holds no values
+  // Every block has whole pages of its own (dry_address): dropping them makes the next
+  // storage at this address read as zeros, whatever was written here.
+  madvise(d->addr, static_cast<size_t>((size + 4095) / 4096 * 4096), MADV_DONTNEED);
   {
     std::lock_guard<std::mutex> lock(mu());
     dry_free()[size].push_back(d->addr);

@@ -84,6 +84,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cpu_alias", &neuron::cpu_alias, "zero-copy CPU view of a neuron tensor's bytes");
   m.def("_set_dry_run", &neuron::set_dry_run, "data-less neuron tensors and meta kernels");
   m.def("_dry_run", &neuron::dry_run);
+  m.def("_set_dry_routing", &neuron::set_dry_routing,
+        "dry-run routing of index outputs: < 0 balanced, else the fraction of rows on index 0");
+  m.def("_dry_has_values", &neuron::dry_has_values,
+        "whether a dry-run neuron tensor's storage holds real values");
+  m.def("_dry_mark", &neuron::dry_mark,
+        "marks a dry-run neuron tensor's storage as holding real values or not");
   m.def("_set_dry_read_hook", [](py::function hook) {
     auto* fn = new py::object(std::move(hook));  // leaked: called until the process is gone
     neuron::set_dry_read_hook([fn](const std::string& what) {

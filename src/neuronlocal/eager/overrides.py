@@ -43,7 +43,10 @@ def histc_host(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0
 
 def _histc_device(self: torch.Tensor, bins: int, min: float, max: float) -> torch.Tensor:
     out = histc_host(_C._cpu_alias(self), bins, min, max)
-    return _C._bridge_out([out], self.device.index)[0]
+    result = _C._bridge_out([out], self.device.index)[0]
+    if _C._dry_run() and _C._dry_has_values(self):  # MoE token counts: real in a dry run
+        _C._dry_mark(result, True)
+    return result
 
 
 def _histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronlocal.core import hardware
+from neuronlocal.core.config import ConfigError, parse_routing
 from neuronlocal.core.dryrun import BREAKDOWN
 from neuronlocal.core.files import read_json, write_private
 from neuronlocal.core.units import fmt_bytes
@@ -51,8 +52,8 @@ def parse_ranks(spec: str | None, world: int) -> list[int]:
 
 
 def rank_env(rank: int, nproc: int, nnodes: int, run_id: str, steps: int,
-             instance: str | None, master: tuple[str | None, int | None] = (None, None)
-             ) -> dict[str, str]:
+             instance: str | None, master: tuple[str | None, int | None] = (None, None),
+             routing: str | None = None) -> dict[str, str]:
     """The variables torchrun sets for `rank`, plus the dry-run switches."""
     env = {"RANK": str(rank), "WORLD_SIZE": str(nproc * nnodes), "LOCAL_RANK": str(rank % nproc),
            "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(rank // nproc),
@@ -62,6 +63,8 @@ def rank_env(rank: int, nproc: int, nnodes: int, run_id: str, steps: int,
            "NEURONLOCAL_DRY_RUN": "1", "NEURONLOCAL_DRY_RUN_STEPS": str(steps)}
     if instance:
         env["NEURONLOCAL_INSTANCE"] = instance
+    if routing:
+        env["NEURONLOCAL_DRY_RUN_ROUTING"] = routing
     return env
 
 
@@ -131,6 +134,17 @@ def _rank_summary(rep: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _assumed_sites(per_rank: list[dict[str, Any]]) -> list[str]:
+    """One line per place a value was assumed, over the simulated ranks, with its count."""
+    sites: dict[tuple[str, str], list[int]] = {}
+    for r in per_rank:
+        for a in r["assumed_values"]:
+            sites.setdefault((a["op"], a["at"]), []).append(a["count"])
+    return [dry_view.assumed_line({"op": op, "at": at, "count": max(counts)})
+            + (f" on each of {len(counts)} ranks" if len(counts) > 1 else "")
+            for (op, at), counts in sites.items()]
+
+
 def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
               prof: hardware.Profile, nproc: int, nnodes: int = 1,
               tokens_per_step: int | None = None) -> dict[str, Any]:
@@ -167,8 +181,12 @@ def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
             "once, in that order",
             "measured: model_state is the optimizer's parameters, gradients and state on "
             "this rank at its step",
-            "assumed: every rank holds this rank's data (uniform-rank collectives); a value "
-            "read from the device is zero (assumed_values lists each with its line)",
+            "assumed: every rank holds this rank's data (uniform-rank collectives); index "
+            "math on values the run has (token ids, counts, masks) is computed for real, "
+            "indices of topk/sort/argmax/max over values it lacks follow the routing policy "
+            "(NEURONLOCAL_DRY_RUN_ROUTING), any other value read from the device is zero; "
+            "each site follows",
+            *_assumed_sites(per_rank),
             "assumed: a group's link class comes from its size with consecutive ranks "
             f"({prof.cores_per_chip} logical cores per chip, {nproc} per node)",
             f"collective bytes are rank {first.get('rank')}'s result tensors over "
@@ -183,14 +201,19 @@ def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int 
         nnodes: int = 1, ranks: str | None = None, steps: int = 2,
         instance: str | None = None,
         master: tuple[str | None, int | None] = (None, None),
-        tokens_per_step: int | None = None) -> int:
+        tokens_per_step: int | None = None, routing: str | None = None) -> int:
     """Runs each simulated rank in turn, then writes and prints the dry-run summary.
     `tokens_per_step`: the job's tokens per optimizer step, where the embedding's count
-    (every rank its own batch) is not it."""
+    (every rank its own batch) is not it; `routing`: the routing policy (config.py)."""
     world = nproc * nnodes
     env_instance = {"NEURONLOCAL_INSTANCE": instance} if instance else {}
     try:
         chosen = parse_ranks(ranks, world)
+        if routing:
+            try:
+                parse_routing("--routing", routing)
+            except ConfigError as e:
+                raise DryRunError(f"neuronlocal run --dry-run: {e}") from None
         cfg, prof, error = hardware.load({**os.environ, **env_instance})
         if error:
             raise DryRunError(f"neuronlocal run --dry-run: {error}")
@@ -207,7 +230,8 @@ def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int 
     codes = []
     for rank in chosen:
         print(f"neuronlocal dry run: rank {rank} of {world}", file=sys.stderr)
-        with _environment(rank_env(rank, nproc, nnodes, run_id, steps, instance, master)):
+        with _environment(rank_env(rank, nproc, nnodes, run_id, steps, instance, master,
+                                       routing)):
             codes.append(runner.run(args, module=module, report_dir=out, quiet=True,
                                     run_id=run_id))
         if codes[-1] == 2 and not (out / f"rank{rank}.json").exists():

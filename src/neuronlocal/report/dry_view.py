@@ -51,6 +51,13 @@ def _cost_lines(s: dict[str, Any]) -> list[str]:
     return out
 
 
+def assumed_line(a: dict[str, Any]) -> str:
+    """"aten::topk indices at moe.py:12: balanced routing over 8 (2 per row) (x4)"."""
+    op, _, what = a["op"].partition(": ")
+    what = what or "read as zero (the dry run has no value there)"
+    return f"{op} at {a['at']}: {what} (x{a['count']})"
+
+
 def lines(s: dict[str, Any]) -> list[str]:
     """The terminal summary."""
     out = [f"\nneuronlocal dry run: world size {s['world_size']} on {s['nodes']} x "
@@ -63,9 +70,11 @@ def lines(s: dict[str, Any]) -> list[str]:
         out.append(f"            {_peak_line(r)}")
         if r["error"]:
             out.append(f"            ended with {r['error']}")
-        for a in r["assumed_values"][:5]:
-            out.append(f"            value read from device memory: {a['op']} at {a['at']} "
-                       f"(x{a['count']})")
+        for a in r["assumed_values"][:10]:
+            out.append(f"            assumed: {assumed_line(a)}")
+        if len(r["assumed_values"]) > 10:
+            out.append(f"            ... {len(r['assumed_values']) - 10} more sites in "
+                       "report.json (dry_run.assumptions)")
     if s["collectives"]:
         out.append(f"  collectives (rank {s['collectives_of_rank']}, {s['steps']} step(s)):")
         for c in s["collectives"]:

@@ -236,9 +236,8 @@ class NeuronProfiler:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
-        return False
 
     # ---- results -------------------------------------------------------------------------
     def is_active(self) -> bool:

@@ -265,3 +265,24 @@ def test_every_foreach_op_matches_cpu():
             torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True, msg=full)
         checked += 1
     assert checked > 100  # the elementwise family: about 180 overloads in torch 2.13
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_scalar_list_of_another_length_is_a_value_error(name, inplace):
+    """TorchNeuron's add/sub/mul/div kernels with a scalar list refuse one whose length is
+    not the tensor list's with a ValueError (CPU's check raises RuntimeError with the same
+    words); nothing is changed, and lists of one length still give CPU's results."""
+    op = getattr(torch, f"_foreach_{name}{'_' if inplace else ''}")
+    xs = [torch.full((3,), 2.0, device="neuron") for _ in range(3)]
+    with pytest.raises(ValueError, match="same number of elements as scalar list.*3 tensors and 2"):
+        op(xs, [1.0, 2.0])
+    for x in xs:
+        torch.testing.assert_close(x.cpu(), torch.full((3,), 2.0))
+    got = {}
+    for device in ("cpu", "neuron"):
+        ts = [torch.full((3,), 2.0, device=device) for _ in range(3)]
+        out = op(ts, [1.0, 2.0, 4.0])
+        got[device] = [t.cpu() for t in (ts if inplace else out)]
+    for g, want in zip(got["neuron"], got["cpu"], strict=True):
+        torch.testing.assert_close(g, want, rtol=0, atol=0)

@@ -3,13 +3,25 @@ delegating to `torch.neuron` (neuronlocal's C++ core has its own bindings, `neur
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 
 from neuronlocal import _C as _neuronlocal_C
 from neuronlocal import device as _neuron
+from neuronlocal import memory as _memory
 from neuronlocal.eager import tracking as _tracking
+from torch_neuronx._nrt_inspect import (  # noqa: F401  (TorchNeuron's binding names)
+    _nrt_inspect_begin_with_options,
+    _nrt_inspect_config_allocate,
+    _nrt_inspect_config_set_capture_enabled_for_event_type_string,
+    _nrt_inspect_config_set_capture_enabled_for_nc,
+    _nrt_inspect_config_set_defaults,
+    _nrt_inspect_config_set_enable_inspect,
+    _nrt_inspect_config_set_output_dir,
+    _nrt_inspect_stop,
+)
 
 
 def _neuron_init() -> None:
@@ -110,3 +122,20 @@ def _nrt_copy_neuron_to_neuron_tensor(src_neuron: torch.Tensor, dst_neuron: torc
     if src_neuron.device != dst_neuron.device:
         raise RuntimeError("Device-to-device copy requires tensors on same Neuron core")
     _raw_copy(src_neuron, dst_neuron)
+
+
+def _set_profiler_mapping_enabled(enabled: bool) -> None:
+    """While on, each op executed on neuron is recorded for the profiler's framework mapping."""
+    _neuronlocal_C._set_profiler_mapping_enabled(bool(enabled))
+
+
+def _get_profiler_mappings() -> dict[str, Any]:
+    """`{"version": 1, "data": [{"nrta_seq_id", "framework_op_exec_ids": [{"seq_nr", "th_id",
+    "stream_id"}]}]}` for the executions since the last call (then cleared)."""
+    _neuron.synchronize()
+    return _neuronlocal_C._get_profiler_mappings()
+
+
+# TorchNeuron's allocator submodule: `get()` is its allocator (here the module that is
+# neuronlocal's allocator interface), `emptyCache()` frees every core's cached blocks.
+NeuronCachingAllocator = types.SimpleNamespace(get=lambda: _memory, emptyCache=_memory.empty_cache)

@@ -20,6 +20,7 @@
 // an op computed it (no kernel writes), the bytes of small copies from the host (see
 // kernels.cpp). Each such read is reported (dry_read).
 #include "dry.h"
+#include "profiler_map.h"
 
 #include <c10/util/SmallVector.h>
 
@@ -71,6 +72,7 @@ struct OpInfo {
   int half_to_float_arg = -1;
   int input_dtype_arg = -1;
   ForeachKind foreach = ForeachKind::None;  // queued and fused per tensor (foreach.cpp)
+  bool scalar_list = false;   // list lengths checked as TorchNeuron does (foreach.cpp)
   std::vector<bool> write;    // per argument: mutated by the op
   std::atomic<const Decision*> decision{nullptr};
   std::atomic<int64_t> executed{0}, fallback{0}, downcast{0}, to_host{0}, from_host{0};
@@ -171,6 +173,7 @@ OpInfo& info_for(const c10::OperatorHandle& op) {
   if (writes) info->input_dtype_arg = -1;  // an out= result keeps the dtype it was given
   info->pointwise_tag = op.hasTag(at::Tag::pointwise);
   info->foreach = foreach_kind(op);
+  info->scalar_list = checks_scalar_list(op);
   decide(*info);
   auto& ref = *info;
   g_infos.emplace(key, std::move(info));
@@ -615,8 +618,10 @@ std::atomic<int64_t>& executed_counter(const char* name, const char* overload) {
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpInfo& info = info_for(op);
+  if (info.scalar_list) check_scalar_list(op, *stack);
   const Decision& d = *info.decision.load(std::memory_order_acquire);
   info.executed++;
+  if (!info.is_view && g_mapping_on.load(std::memory_order_relaxed)) record_mapping();
   OpScope scope(&info.name);
   if (d.cpu_fallback) on_cpu_fallback(info, d);
   const bool dry = dry_run();

@@ -311,6 +311,25 @@ ForeachKind foreach_kind(const c10::OperatorHandle& op) {
   return ForeachKind::None;
 }
 
+bool checks_scalar_list(const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> names = {
+      "aten::_foreach_add", "aten::_foreach_add_", "aten::_foreach_sub", "aten::_foreach_sub_",
+      "aten::_foreach_mul", "aten::_foreach_mul_", "aten::_foreach_div", "aten::_foreach_div_"};
+  const auto& schema = op.schema();
+  return names.count(schema.name()) && schema.overload_name().rfind("ScalarList", 0) == 0;
+}
+
+void check_scalar_list(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t base = stack.size() - op.schema().arguments().size();
+  const auto& tensors = stack[base];
+  const auto& scalars = stack[base + 1];
+  if (!tensors.isList() || !scalars.isList()) return;
+  TORCH_CHECK_VALUE(tensors.toListRef().size() == scalars.toListRef().size(),
+                    "Tensor list must have same number of elements as scalar list (got ",
+                    tensors.toListRef().size(), " tensors and ", scalars.toListRef().size(),
+                    " scalars); pass one scalar per tensor");
+}
+
 bool queue_foreach(const c10::OperatorHandle& op, ForeachKind kind, torch::jit::Stack* stack) {
   if (at::GradMode::is_enabled()) return false;
   const auto& schema = op.schema();

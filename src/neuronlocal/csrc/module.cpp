@@ -1,5 +1,6 @@
 // Python bindings of the C++ core: module neuronlocal._C.
 #include "dry.h"
+#include "profiler_map.h"
 
 #include <torch/extension.h>
 
@@ -140,6 +141,29 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_bytes", &neuron::fallback_bytes);
   m.def("_downcast_ops", &neuron::downcast_ops);
   m.def("_clear_op_tracking", &neuron::clear_op_tracking);
+  m.def("_set_profiler_mapping_enabled", &neuron::set_mapping_enabled,
+        "record each op executed on neuron for the profiler's framework mapping");
+  m.def("_get_profiler_mappings", []() {
+    py::list data;
+    for (const auto& m : neuron::take_mappings()) {
+      py::list ops;
+      for (const auto& op : m.ops) {
+        py::dict d;
+        d["seq_nr"] = op.seq_nr;
+        d["th_id"] = op.th_id;
+        d["stream_id"] = op.stream_id;
+        ops.append(d);
+      }
+      py::dict entry;
+      entry["nrta_seq_id"] = m.nrta_seq_id;
+      entry["framework_op_exec_ids"] = ops;
+      data.append(entry);
+    }
+    py::dict out;
+    out["version"] = 1;
+    out["data"] = data;
+    return out;
+  }, "the executions recorded since the last call ({version, data}); clears them");
   m.def("_set_fallback_site_hook", [](py::object hook) {
     if (hook.is_none()) return neuron::set_fallback_site_hook({});
     // Shared, released with the GIL held: the hook may be dropped on a thread without it.

@@ -19,6 +19,7 @@
 //   c10d.cpp         the `neuron` process-group backend, on gloo over CPU aliases
 //   collective_args.cpp  its argument checks for list forms, with the fix in each error
 //   reduce_op.cpp    its reduce ops: every op NCCL has (PREMUL_SUM as premultiply + SUM)
+//   profiler_map.cpp the framework-op mapping of TorchNeuron's profiler (executions recorded)
 //   exit.cpp         at exit, lets each core's autograd thread finish and closes the door
 //                    C++ threads use to call Python, before finalization
 #pragma once
@@ -275,6 +276,11 @@ ForeachKind foreach_kind(const c10::OperatorHandle& op);
 bool queue_foreach(const c10::OperatorHandle& op, ForeachKind kind, torch::jit::Stack* stack);
 void run_queued_foreach();
 extern std::atomic<bool> g_foreach_queued;
+// Whether `op` is add/sub/mul/div with a scalar list, whose list lengths TorchNeuron's
+// kernels check with a ValueError (CPU's check raises RuntimeError with the same words).
+bool checks_scalar_list(const c10::OperatorHandle& op);
+// Refuses a call of such an op whose tensor and scalar lists differ in length.
+void check_scalar_list(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 // Runs queued foreach ops, if any. Everything that reads or frees neuron bytes outside a
 // queued op calls it first: dispatch of any other op, copies, aliases, memory queries.
 inline void settle() {

@@ -9,6 +9,16 @@ Workarounds of torch-version gaps, here only (torchtitan 0.3.0 on torch 2.13):
   triton, and they run only for CUDA expert parallelism, so that module is a stub;
 - it calls `torch.distributed.set_timeout`, torch 2.13's `_set_pg_timeout` under its later
   name.
+
+`TITAN_DEVICE=cpu` (with `TORCH_DEVICE_BACKEND_AUTOLOAD=0`, so neuronlocal is not loaded) runs
+the same job on plain CPU PyTorch, the reference for neuron's losses. torchtitan picks the
+first available accelerator, else "cuda", and has no CPU device: here it is told "cpu", and
+`torch.cpu` gets the few `torch.cuda`-style calls torchtitan makes (device index, name and
+properties, memory stats, peak reset, cache release), with no memory figures (its memory
+log reads -1). The process group is gloo, torch's CPU default. Flex attention runs eagerly
+there, as torch's dense reference (forward and backward through autograd): Inductor has no
+flex-attention backward for CPU, so `flex_attention` refuses CPU inputs that need grad, a
+check skipped here; `create_block_mask` runs eagerly too (the same mask, no C++ build).
 """
 
 from __future__ import annotations
@@ -45,6 +55,37 @@ def _set_timeout() -> None:
             dist.distributed_c10d._set_pg_timeout(timeout, group))
 
 
+def _cpu_device() -> None:
+    import os
+
+    import torch
+    import torch._utils
+
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") != "0":
+        raise SystemExit("TITAN_DEVICE=cpu needs TORCH_DEVICE_BACKEND_AUTOLOAD=0 (plain CPU "
+                         "PyTorch, no neuron backend loaded)")
+    torch._utils._get_available_device_type = lambda: "cpu"
+    cpu: Any = torch.cpu
+    cpu.current_device = lambda: 0  # torch.cpu's is "cpu"; torchtitan passes it as an index
+    cpu.get_device_name = lambda device=None: "cpu"
+    cpu.get_device_properties = lambda device=None: types.SimpleNamespace(
+        name="cpu", total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    cpu.memory_stats = lambda device=None: {}
+    cpu.reset_peak_memory_stats = lambda device=None: None
+    cpu.empty_cache = lambda: None
+
+
+def _eager_flex() -> None:
+    import torch.nn.attention.flex_attention as flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torchtitan.models.common import attention
+
+    flex._validate_device = lambda query, key, value: None
+
+    attention.FlexAttention._compiled_flex_attn = flex_attention
+    attention._compiled_create_block_mask = create_block_mask
+
+
 def make_assets(root: Path) -> None:
     """`root/tests/assets/{c4_test/data.json, tokenizer/}`, deterministic."""
     import torch
@@ -75,10 +116,19 @@ def main() -> None:
     if sys.argv[1:2] == ["--make-assets"]:
         make_assets(Path(sys.argv[2]))
         return
+    import os
+
+    device = os.environ.get("TITAN_DEVICE", "")
+    if device not in ("", "cpu"):
+        raise SystemExit(f"TITAN_DEVICE={device!r}: unset (torchtitan's own choice) or 'cpu'")
+    if device == "cpu":
+        _cpu_device()
     _no_triton_kernels()
     _set_timeout()
     from torchtitan.train import main as train
 
+    if device == "cpu":
+        _eager_flex()
     train()
 
 

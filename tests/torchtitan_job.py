@@ -10,6 +10,13 @@ Workarounds of torch-version gaps, here only (torchtitan 0.3.0 on torch 2.13):
 - it calls `torch.distributed.set_timeout`, torch 2.13's `_set_pg_timeout` under its later
   name.
 
+Run from a checkout of the commit TorchNeuron's tutorials pin (0a2107f9, torchtitan 0.2.1 plus
+20 commits; on PYTHONPATH before any installed torchtitan), with their diffs applied, one
+more: its MoE module imports `torchtitan/models/moe/kernels.py`, which imports triton at its
+top though the tutorials' diff routes MoE through its CPU function; that file is loaded with
+a stand-in `triton` (decorators only) that is gone from `sys.modules` right after, so nothing
+else sees a triton. Its `main` takes the trainer class; 0.3.0's takes nothing.
+
 `TITAN_DEVICE=cpu` (with `TORCH_DEVICE_BACKEND_AUTOLOAD=0`, so neuronlocal is not loaded) runs
 the same job on plain CPU PyTorch, the reference for neuron's losses. torchtitan picks the
 first available accelerator, else "cuda", and has no CPU device: here it is told "cpu", and
@@ -44,6 +51,32 @@ def _no_triton_kernels() -> None:
         return unavailable
 
     mod.__getattr__ = missing  # type: ignore[method-assign]
+    sys.modules[name] = mod
+
+
+def _moe_kernels_without_triton() -> None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtitan")
+    if importlib.util.find_spec("triton") is not None or spec is None or not spec.origin:
+        return
+    path = Path(spec.origin).parent / "models" / "moe" / "kernels.py"
+    if not path.is_file():
+        return  # torchtitan 0.3.0: its kernels moved (stubbed above)
+    triton = types.ModuleType("triton")
+    language = types.ModuleType("triton.language")
+    language.constexpr = int  # type: ignore[attr-defined]
+    triton.jit = lambda fn: fn  # type: ignore[attr-defined]
+    triton.language = language  # type: ignore[attr-defined]
+    name = "torchtitan.models.moe.kernels"
+    kernels = importlib.util.spec_from_file_location(name, path)
+    assert kernels is not None and kernels.loader is not None
+    mod = importlib.util.module_from_spec(kernels)
+    sys.modules.update({"triton": triton, "triton.language": language})
+    try:
+        kernels.loader.exec_module(mod)
+    finally:
+        del sys.modules["triton"], sys.modules["triton.language"]
     sys.modules[name] = mod
 
 
@@ -124,12 +157,18 @@ def main() -> None:
     if device == "cpu":
         _cpu_device()
     _no_triton_kernels()
+    _moe_kernels_without_triton()
     _set_timeout()
-    from torchtitan.train import main as train
+    import inspect
+
+    import torchtitan.train as entry
 
     if device == "cpu":
         _eager_flex()
-    train()
+    if inspect.signature(entry.main).parameters:
+        entry.main(entry.Trainer)  # type: ignore[call-arg]
+    else:
+        entry.main()
 
 
 if __name__ == "__main__":

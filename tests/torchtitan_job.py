@@ -22,7 +22,7 @@ the same job on plain CPU PyTorch, the reference for neuron's losses. torchtitan
 first available accelerator, else "cuda", and has no CPU device: here it is told "cpu", and
 `torch.cpu` gets the few `torch.cuda`-style calls torchtitan makes (device index, name and
 properties, memory stats, peak reset, cache release), with no memory figures (its memory
-log reads -1). The process group is gloo, torch's CPU default. Flex attention runs eagerly
+log reads -0.00GiB). The process group is gloo, torch's CPU default. Flex attention runs eagerly
 there, as torch's dense reference (forward and backward through autograd): Inductor has no
 flex-attention backward for CPU, so `flex_attention` refuses CPU inputs that need grad, a
 check skipped here; `create_block_mask` runs eagerly too (the same mask, no C++ build).

@@ -397,6 +397,31 @@ def test_errors_users_see_match_torchneuron():
                                     torch.empty(0, device="neuron"))
 
 
+@pytest.mark.parametrize("dev", ["cpu", "neuron"])
+def test_flash_attention_refused_as_torchneuron_refuses_it(dev):
+    """PyTorch has `_flash_attention_forward`/`_backward` (varlen attention, torchtitan's
+    `gpt_oss_debugmodel` default) on CUDA only. TorchNeuron registers no kernel for them:
+    its CPU fallback runs them on the host, where torch has none, so they raise torch's
+    NotImplementedError naming the op and the CPU backend; neuron gives the same one."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    q = torch.randn(8, 2, 4).to(dev).requires_grad_()
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=dev)
+    with warnings.catch_warnings(), pytest.raises(
+            NotImplementedError, match=r"Could not run 'aten::_flash_attention_forward' with "
+                                       r"arguments from the 'CPU' backend"):
+        warnings.simplefilter("ignore")  # neuron's fallback warning, TorchNeuron's too
+        varlen_attn(q, q, q, cu, cu, 5, 5, window_size=(-1, 0))  # causal
+    t, lse = q.detach(), torch.zeros(2, 8, device=dev)
+    rng = torch.zeros(2, dtype=torch.uint64, device=dev)
+    with warnings.catch_warnings(), pytest.raises(
+            NotImplementedError, match=r"Could not run 'aten::_flash_attention_backward' with "
+                                       r"arguments from the 'CPU' backend"):
+        warnings.simplefilter("ignore")
+        torch.ops.aten._flash_attention_backward(t, t, t, t, t, lse, cu, cu, 5, 5, 0.0, True,
+                                                 rng, torch.empty(0, device=dev))
+
+
 def test_contiguous_memory_formats_as_torchneuron(monkeypatch):
     """preserve_format means contiguous; channels_last runs as on CPU with TorchNeuron's
     release build value, and is its error with

@@ -9,6 +9,23 @@ Workarounds of torch-version gaps, here only (torchtitan 0.3.0 on torch 2.13):
   triton, and they run only for CUDA expert parallelism, so that module is a stub;
 - it calls `torch.distributed.set_timeout`, torch 2.13's `_set_pg_timeout` under its later
   name.
+
+Run from a checkout of the commit TorchNeuron's tutorials pin (0a2107f9, torchtitan 0.2.1 plus
+20 commits; on PYTHONPATH before any installed torchtitan), with their diffs applied, one
+more: its MoE module imports `torchtitan/models/moe/kernels.py`, which imports triton at its
+top though the tutorials' diff routes MoE through its CPU function; that file is loaded with
+a stand-in `triton` (decorators only) that is gone from `sys.modules` right after, so nothing
+else sees a triton. Its `main` takes the trainer class; 0.3.0's takes nothing.
+
+`TITAN_DEVICE=cpu` (with `TORCH_DEVICE_BACKEND_AUTOLOAD=0`, so neuronlocal is not loaded) runs
+the same job on plain CPU PyTorch, the reference for neuron's losses. torchtitan picks the
+first available accelerator, else "cuda", and has no CPU device: here it is told "cpu", and
+`torch.cpu` gets the few `torch.cuda`-style calls torchtitan makes (device index, name and
+properties, memory stats, peak reset, cache release), with no memory figures (its memory
+log reads -0.00GiB). The process group is gloo, torch's CPU default. Flex attention runs eagerly
+there, as torch's dense reference (forward and backward through autograd): Inductor has no
+flex-attention backward for CPU, so `flex_attention` refuses CPU inputs that need grad, a
+check skipped here; `create_block_mask` runs eagerly too (the same mask, no C++ build).
 """
 
 from __future__ import annotations
@@ -37,12 +54,69 @@ def _no_triton_kernels() -> None:
     sys.modules[name] = mod
 
 
+def _moe_kernels_without_triton() -> None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtitan")
+    if importlib.util.find_spec("triton") is not None or spec is None or not spec.origin:
+        return
+    path = Path(spec.origin).parent / "models" / "moe" / "kernels.py"
+    if not path.is_file():
+        return  # torchtitan 0.3.0: its kernels moved (stubbed above)
+    triton = types.ModuleType("triton")
+    language = types.ModuleType("triton.language")
+    language.constexpr = int  # type: ignore[attr-defined]
+    triton.jit = lambda fn: fn  # type: ignore[attr-defined]
+    triton.language = language  # type: ignore[attr-defined]
+    name = "torchtitan.models.moe.kernels"
+    kernels = importlib.util.spec_from_file_location(name, path)
+    assert kernels is not None and kernels.loader is not None
+    mod = importlib.util.module_from_spec(kernels)
+    sys.modules.update({"triton": triton, "triton.language": language})
+    try:
+        kernels.loader.exec_module(mod)
+    finally:
+        del sys.modules["triton"], sys.modules["triton.language"]
+    sys.modules[name] = mod
+
+
 def _set_timeout() -> None:
     import torch.distributed as dist
 
     if not hasattr(dist, "set_timeout"):
         dist.set_timeout = lambda timeout, group=None: (  # type: ignore[attr-defined]
             dist.distributed_c10d._set_pg_timeout(timeout, group))
+
+
+def _cpu_device() -> None:
+    import os
+
+    import torch
+    import torch._utils
+
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") != "0":
+        raise SystemExit("TITAN_DEVICE=cpu needs TORCH_DEVICE_BACKEND_AUTOLOAD=0 (plain CPU "
+                         "PyTorch, no neuron backend loaded)")
+    torch._utils._get_available_device_type = lambda: "cpu"
+    cpu: Any = torch.cpu
+    cpu.current_device = lambda: 0  # torch.cpu's is "cpu"; torchtitan passes it as an index
+    cpu.get_device_name = lambda device=None: "cpu"
+    cpu.get_device_properties = lambda device=None: types.SimpleNamespace(
+        name="cpu", total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    cpu.memory_stats = lambda device=None: {}
+    cpu.reset_peak_memory_stats = lambda device=None: None
+    cpu.empty_cache = lambda: None
+
+
+def _eager_flex() -> None:
+    import torch.nn.attention.flex_attention as flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torchtitan.models.common import attention
+
+    flex._validate_device = lambda query, key, value: None
+
+    attention.FlexAttention._compiled_flex_attn = flex_attention
+    attention._compiled_create_block_mask = create_block_mask
 
 
 def make_assets(root: Path) -> None:
@@ -75,11 +149,26 @@ def main() -> None:
     if sys.argv[1:2] == ["--make-assets"]:
         make_assets(Path(sys.argv[2]))
         return
-    _no_triton_kernels()
-    _set_timeout()
-    from torchtitan.train import main as train
+    import os
 
-    train()
+    device = os.environ.get("TITAN_DEVICE", "")
+    if device not in ("", "cpu"):
+        raise SystemExit(f"TITAN_DEVICE={device!r}: unset (torchtitan's own choice) or 'cpu'")
+    if device == "cpu":
+        _cpu_device()
+    _no_triton_kernels()
+    _moe_kernels_without_triton()
+    _set_timeout()
+    import inspect
+
+    import torchtitan.train as entry
+
+    if device == "cpu":
+        _eager_flex()
+    if inspect.signature(entry.main).parameters:
+        entry.main(entry.Trainer)  # type: ignore[call-arg]
+    else:
+        entry.main()
 
 
 if __name__ == "__main__":

@@ -142,6 +142,13 @@ def _group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int
                 return int(_resolve_process_group(val).size())  # type: ignore[arg-type]
             except Exception:  # noqa: BLE001 - no process group: fall through
                 pass
+        if isinstance(val, torch.ScriptObject):  # c10d's ops take the group boxed
+            try:
+                from torch._C._distributed_c10d import ProcessGroup
+
+                return int(ProcessGroup.unbox(val).size())
+            except Exception:  # noqa: BLE001 - not a process group: fall through
+                pass
         if val is not None and hasattr(val, "size") and not isinstance(val, torch.Tensor):
             try:
                 return int(val.size())

@@ -557,23 +557,30 @@ def test_collectives_are_priced_on_their_link(tmp_path):
     assert two["step_parts_s"]["collectives"] == pytest.approx(b["seconds_per_step"])
 
 
-def test_a_subgroups_c10d_collective_is_priced_at_its_group_size(tmp_path):
-    """c10d's ops take the process group boxed (a ScriptObject): the step prices an
-    all-reduce over 8 ranks of a 2-instance world on NeuronLink, as the table does, not
-    over the whole world on EFA."""
+@pytest.mark.parametrize("form", ["c10d", "funcol"])
+def test_a_subgroups_collective_is_priced_at_its_group_size(tmp_path, form):
+    """c10d's ops take the process group boxed (a ScriptObject), and a functional
+    collective's result passes through `_wrap_tensor_autograd`, which moves nothing: the
+    step prices an all-reduce over 8 ranks of a 2-instance world on NeuronLink, as the
+    table does, not over the whole world on EFA."""
     script = """\
-        import torch, torch.distributed as dist
+        import sys, torch, torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
         dist.init_process_group("neuron")
         tp = dist.new_group(list(range(8)))
         p = torch.nn.Parameter(torch.zeros(2**20, device="neuron"))
         opt = torch.optim.SGD([p], lr=0.1)
         for _ in range(2):
-            p.grad = torch.ones_like(p)
-            dist.all_reduce(p.grad, group=tp)
+            g = torch.ones_like(p)
+            if sys.argv[1] == "funcol":
+                g = funcol.wait_tensor(funcol.all_reduce(g, "sum", tp)).clone()
+            else:
+                dist.all_reduce(g, group=tp)
+            p.grad = g
             opt.step()
         """
     s, _ = _dry_summary(tmp_path, script, ["--instance", "trn2.48xlarge", "--nproc-per-node",
-                                           "64", "--nnodes", "2", "--ranks", "0"])
+                                           "64", "--nnodes", "2", "--ranks", "0"], [form])
     (c,) = s["collectives"]
     assert (c["op"], c["group_size"], c["link"]) == ("all_reduce", 8, "NeuronLink")
     assert s["step_parts_s"]["collectives"] == pytest.approx(c["seconds_per_step"])

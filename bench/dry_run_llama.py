@@ -11,7 +11,9 @@ Run for real it needs the hardware (16 GB of bf16 weights alone); dry-run it wit
         bench/dry_run_llama.py --layers 32
 
 and it reports the peak HBM of rank 0 and rank 63 in bounded host memory (it prints its own
-peak RSS). `--layers`, `--seq`, `--batch` and `--hidden` shrink it for a real run.
+peak RSS). `--tp N` adds tensor parallelism over N consecutive ranks inside FSDP2 (a 2-D
+mesh), as torchtitan lays out TP x FSDP. `--layers`, `--seq`, `--batch` and `--hidden`
+shrink it for a real run.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,11 +46,12 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
         h = self.norm1(x)
-        q = self.q(h).view(b, s, self.heads, self.hd).transpose(1, 2)
-        k = self.k(h).view(b, s, self.kv, self.hd).transpose(1, 2)
-        v = self.v(h).view(b, s, self.kv, self.hd).transpose(1, 2)
+        # -1 heads: under tensor parallelism each rank holds heads / tp of them
+        q = self.q(h).view(b, s, -1, self.hd).transpose(1, 2)
+        k = self.k(h).view(b, s, -1, self.hd).transpose(1, 2)
+        v = self.v(h).view(b, s, -1, self.hd).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
         h = self.norm2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
@@ -69,6 +73,43 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
+def meshes(tp: int) -> tuple[Any, Any]:
+    """The 2-D mesh (data parallel x tensor parallel, tp consecutive ranks per group) as
+    its FSDP2 and its TP dimension."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if world % tp:
+        raise SystemExit(f"--tp {tp} must divide the world size {world}")
+    mesh = init_device_mesh("neuron", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    return mesh["dp"], mesh["tp"]
+
+
+def shard_tensors(model: Llama, mesh: Any) -> None:
+    """Megatron-style TP as torchtitan applies it: attention and FFN inputs column-wise,
+    their outputs row-wise (one all-reduce each), the embedding row-wise and the output
+    projection column-wise, gathered to whole logits for the loss."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    tp = mesh.size()
+    for layer in model.layers:
+        if layer.kv % tp or layer.heads % tp:
+            raise SystemExit(f"--tp {tp} must divide the heads ({layer.heads}) and kv heads "
+                             f"({layer.kv})")
+        parallelize_module(layer, mesh, {
+            "q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
+            "o": RowwiseParallel(), "gate": ColwiseParallel(), "up": ColwiseParallel(),
+            "down": RowwiseParallel()})
+    parallelize_module(model, mesh, {
+        "embed": RowwiseParallel(input_layouts=Replicate()),
+        "head": ColwiseParallel(output_layouts=Replicate())})
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=32)
@@ -82,19 +123,24 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--init", choices=["meta", "device"], default="meta")
     p.add_argument("--ac", action="store_true", help="full activation checkpointing per layer")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel degree inside FSDP2 (a 2-D mesh world/tp x tp)")
     a = p.parse_args()
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dist.init_process_group("neuron")
+    dp_mesh, tp_mesh = meshes(a.tp) if a.tp > 1 else (None, None)
     torch.manual_seed(0)
     t0 = time.time()
     with torch.device("meta" if a.init == "meta" else "neuron"):
         model = Llama(a.vocab, a.hidden, a.layers, a.heads, a.kv, a.ffn, a.ac).to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if tp_mesh is not None:
+        shard_tensors(model, tp_mesh)
     for layer in model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp)
     if a.init == "meta":
         model.to_empty(device="neuron")
         with torch.no_grad():

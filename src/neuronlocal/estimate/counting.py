@@ -35,7 +35,9 @@ _FREE = {aten._unsafe_view, aten.detach, aten.alias, aten.lift_fresh, aten.empty
          aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
          aten._local_scalar_dense, aten.sym_size, aten.sym_stride, aten.sym_numel,
          aten.sym_storage_offset, aten.is_same_size}
-_WAIT = {"wait_tensor", "_wait_tensor"}
+# Functional-collective ops that move nothing: waits, and the autograd wrapper funcol puts
+# around a collective's result (it was priced as a collective of the whole world).
+_WAIT = {"wait_tensor", "_wait_tensor", "_wrap_tensor_autograd"}
 _SDPA_OPS = {"_scaled_dot_product_flash_attention_for_cpu",
              "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
@@ -141,6 +143,13 @@ def _group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int
 
                 return int(_resolve_process_group(val).size())  # type: ignore[arg-type]
             except Exception:  # noqa: BLE001 - no process group: fall through
+                pass
+        if isinstance(val, torch.ScriptObject):  # c10d's ops take the group boxed
+            try:
+                from torch._C._distributed_c10d import ProcessGroup
+
+                return int(ProcessGroup.unbox(val).size())
+            except Exception:  # noqa: BLE001 - not a process group: fall through
                 pass
         if val is not None and hasattr(val, "size") and not isinstance(val, torch.Tensor):
             try:

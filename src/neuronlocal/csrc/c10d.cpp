@@ -34,11 +34,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/extension.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <exception>
-#include <iterator>
 #include <mutex>
 #include <sstream>
 
@@ -229,34 +227,11 @@ void without_gil(F&& f) {
   }
 }
 
-// What works dropped before they finished still hold, kept until they finish and then freed
-// by a thread that issues collectives (never gloo's). The list is never freed: what is left at
-// exit stays allocated rather than freed during finalization.
-struct Unfinished {
+struct Unfinished {  // what a work dropped unfinished at exit holds (see ~NeuronWork)
   std::vector<WorkPtr> inner;
   std::vector<at::Tensor> result;
   c10::intrusive_ptr<Future> future;
-  bool done() const {
-    for (const auto& w : inner) if (!w->isCompleted()) return false;
-    return true;
-  }
 };
-std::mutex g_unfinished_mu;
-auto* g_unfinished = new std::vector<Unfinished>();
-
-void bury(Unfinished u) {
-  std::lock_guard<std::mutex> lock(g_unfinished_mu);
-  g_unfinished->push_back(std::move(u));
-}
-
-void sweep_finished() {
-  std::vector<Unfinished> finished;  // freed here, outside the lock
-  std::lock_guard<std::mutex> lock(g_unfinished_mu);
-  auto keep = std::stable_partition(g_unfinished->begin(), g_unfinished->end(),
-                                    [](const Unfinished& u) { return !u.done(); });
-  std::move(keep, g_unfinished->end(), std::back_inserter(finished));
-  g_unfinished->erase(keep, g_unfinished->end());
-}
 
 // One gloo collective (or several, for coalesced calls) seen as one neuron collective:
 // failures become CollectiveErrors, and the future yields the caller's (neuron) tensors.
@@ -269,11 +244,12 @@ class NeuronWork : public Work {
 
   // Gloo's threads finish a work by completing its future, and then drop their references
   // to it. Should those be the last ones, they free tensors that Python sees, which takes
-  // the GIL off the main thread: a deadlock if the main thread then waits for gloo with the
-  // GIL held, an abort if the interpreter is finalizing. A work dropped before it finished
-  // (an unwaited isend may never finish) therefore leaves what it holds to `bury`.
+  // the GIL: an abort if the interpreter is finalizing. A work dropped unfinished once exit
+  // has begun (an unwaited isend may never finish) therefore leaves what it holds allocated.
   ~NeuronWork() override {
-    if (!isCompleted()) bury({std::move(inner_), std::move(result_), std::move(future_)});
+    if (python_calls_closed() && !isCompleted()) {
+      (void)new Unfinished{std::move(inner_), std::move(result_), std::move(future_)};
+    }
   }
   NeuronWork(const NeuronWork&) = delete;
   NeuronWork& operator=(const NeuronWork&) = delete;
@@ -433,7 +409,6 @@ class NeuronBackend : public c10d::Backend {
   // Destroying gloo joins its threads, which may be waiting for the GIL (see ~NeuronWork).
   ~NeuronBackend() override {
     without_gil([this] { gloo_.reset(); });
-    sweep_finished();
   }
   NeuronBackend(const NeuronBackend&) = delete;
   NeuronBackend& operator=(const NeuronBackend&) = delete;
@@ -729,7 +704,6 @@ class NeuronBackend : public c10d::Backend {
       g_last_dtype = static_cast<int>(result[0].scalar_type());
     }
     g_last_what = what;
-    sweep_finished();
     std::vector<WorkPtr> inner;
     if (gloo_) {
       NoPythonObjects clean;

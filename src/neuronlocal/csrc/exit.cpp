@@ -48,6 +48,8 @@ PythonCall::PythonCall() {
   if (!ok_) g_calls_in_flight.fetch_sub(1);
 }
 
+bool python_calls_closed() { return g_door_closed.load(); }
+
 PythonCall::~PythonCall() {
   if (ok_) g_calls_in_flight.fetch_sub(1);
 }

@@ -304,5 +304,7 @@ class PythonCall {
  private:
   bool ok_;
 };
+// Whether exit has begun (the door is closed).
+bool python_calls_closed();
 
 }  // namespace neuron

@@ -79,18 +79,16 @@ def train(workdir: Path, nproc: int, *args: str, report: Path | None = None) -> 
     return [loss for loss, _ in run_steps(workdir, nproc, *args, report=report)]
 
 
-@pytest.mark.skip(reason="hangs at torchtitan's weight init on neuron: DTensor's RNG tracker runs "
-                         "each random op inside fork_rng, which restores CPU's generator, the one "
-                         "neuron's normal_ draws from, so every draw repeats and torch 2.13's "
-                         "rejection-sampling trunc_normal_ never ends (docs/torchtitan.md)")
 def test_one_process_equals_cpu(workdir):
     """One process on neuron gives plain CPU PyTorch's losses and gradient norms for the
-    same steps (the llama3 debug model, seed 0, selective AC): equal as torchtitan logs
-    them (5 decimals for the loss, 4 for the norm), so within 1e-5 and 1e-4. The CPU run
-    is torch's eager flex attention (dense); neuron's is its compiled blockwise form."""
+    same steps (the llama3 debug model, seed 0, selective AC). The weights start equal (the
+    DTensor random-number tracker's draws on neuron follow CPU's stream for the seed); the
+    CPU run is torch's eager flex attention (dense), neuron's its compiled blockwise form,
+    whose softmax sums in another order: losses within 2e-5 relative (seen: 9e-6), grad
+    norms as torchtitan logs them (4 decimals)."""
     neuron = run_steps(workdir, 1)
     cpu = run_steps(workdir, 1, cpu=True)
-    assert [v for v, _ in neuron] == pytest.approx([v for v, _ in cpu], abs=1e-5), (neuron, cpu)
+    assert [v for v, _ in neuron] == pytest.approx([v for v, _ in cpu], rel=2e-5), (neuron, cpu)
     assert [g for _, g in neuron] == pytest.approx([g for _, g in cpu], abs=1e-4), (neuron, cpu)
 
 

@@ -19,6 +19,7 @@
 //   c10d.cpp         the `neuron` process-group backend, on gloo over CPU aliases
 //   collective_args.cpp  its argument checks for list forms, with the fix in each error
 //   reduce_op.cpp    its reduce ops: every op NCCL has (PREMUL_SUM as premultiply + SUM)
+//   dry_values.cpp   which data-less tensors of a dry run hold real values (MoE routing)
 //   profiler_map.cpp the framework-op mapping of TorchNeuron's profiler (executions recorded)
 //   exit.cpp         at exit, lets each core's autograd thread finish and closes the door
 //                    C++ threads use to call Python, before finalization

@@ -208,6 +208,19 @@ TRAIN = """\
     """
 
 
+# The tail of the TP scripts: AdamW steps on random rows, the loss printed.
+TRAIN = """\
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        x = torch.randn({rows}, 128, device="neuron")
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    print("loss", loss.item())
+    dist.destroy_process_group()
+    """
+
 TP = """\
     import torch
     import torch.distributed as dist
@@ -220,16 +233,7 @@ TP = """\
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 128)).to("neuron")
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(3):
-        x = torch.randn(16, 128, device="neuron")
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    print("loss", loss.item())
-    dist.destroy_process_group()
-    """
+""" + TRAIN.format(rows=16)
 
 TP_FSDP = """\
     import sys
@@ -268,16 +272,7 @@ TP_FSDP = """\
             block.compile()
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(3):
-        x = torch.randn(256, 128, device="neuron")
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    print("loss", loss.item())
-    dist.destroy_process_group()
-    """
+""" + TRAIN.format(rows=256)
 
 LLAMA = Path(__file__).parents[1] / "bench" / "dry_run_llama.py"
 SMALL_LLAMA = ["--layers", "2", "--hidden", "256", "--ffn", "512", "--heads", "4", "--kv", "2",

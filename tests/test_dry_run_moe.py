@@ -224,6 +224,19 @@ def test_expert_parallel_all_to_all_on_four_simulated_ranks(tmp_path):
         s["assumptions"]
 
 
+# The tail of the HF MoE scripts: tokens per expert in each layer, as the experts' loop sees
+# them, and the dry run's assumed values.
+EXPERT_COUNTS = """\
+    counts = []
+    for layer in model.model.layers:
+        layer.mlp.experts.register_forward_hook(lambda m, a, o: counts.append(
+            torch.bincount(a[1].reshape(-1), minlength=8).tolist()))
+    ids = torch.randint(0, 256, (2, 32), device="neuron")
+    model(ids, labels=ids).loss.backward()
+    print(json.dumps({"counts": counts, "reads": dryrun.reads()}))
+    """
+
+
 HF_MOE = """\
     import json, sys, torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -235,14 +248,7 @@ HF_MOE = """\
                          num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[])
     with torch.device("neuron"):
         model = Qwen3MoeForCausalLM(cfg)
-    counts = []
-    for layer in model.model.layers:  # the experts' routing, as the loop over them sees it
-        layer.mlp.experts.register_forward_hook(lambda m, a, o: counts.append(
-            torch.bincount(a[1].reshape(-1), minlength=8).tolist()))
-    ids = torch.randint(0, 256, (2, 32), device="neuron")
-    model(ids, labels=ids).loss.backward()
-    print(json.dumps({"counts": counts, "reads": dryrun.reads()}))
-    """
+""" + EXPERT_COUNTS
 
 
 def test_hf_qwen3_moe_dry_runs_with_balanced_experts():
@@ -268,14 +274,7 @@ GPT_OSS = """\
                        sliding_window=16, layer_types=["sliding_attention", "full_attention"])
     with torch.device("neuron"):
         model = GptOssForCausalLM(cfg)
-    counts = []
-    for layer in model.model.layers:
-        layer.mlp.experts.register_forward_hook(lambda m, a, o: counts.append(
-            torch.bincount(a[1].reshape(-1), minlength=8).tolist()))
-    ids = torch.randint(0, 256, (2, 32), device="neuron")
-    model(ids, labels=ids).loss.backward()
-    print(json.dumps({"counts": counts, "reads": dryrun.reads()}))
-    """
+""" + EXPERT_COUNTS
 
 
 def test_hf_gpt_oss_dry_runs_its_grouped_experts_on_real_offsets():

@@ -12,6 +12,7 @@ ending (return, sys.exit, an exception, KeyboardInterrupt) writes the report her
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import faulthandler
 import importlib.util
@@ -183,7 +184,18 @@ def main() -> None:
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     argv = [a.module, *args] if a.module else args
     die_with_parent()
-    sys.exit(run(argv, a.module, a.report, a.state, a.run_id, runner.write))
+    code = run(argv, a.module, a.report, a.state, a.run_id, runner.write)
+    # The job and its report are done: run the exit handlers (the script's and the device's),
+    # flush, and end without the interpreter's teardown. Tearing down torch's C++ state after
+    # a dry run was seen to abort a finished rank about once in 20 (status 134, "terminate
+    # called without an active exception" on the main thread), which would turn a job that
+    # succeeded into a failure. The cause in that teardown is not yet found.
+    getattr(threading, "_shutdown", lambda: None)()  # the script's non-daemon threads, as exit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

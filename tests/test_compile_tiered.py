@@ -3,6 +3,7 @@ background process; results by call count, failures that leave a graph in the fi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -144,6 +145,27 @@ def test_exit_kills_the_running_compile_and_removes_its_files():
     assert not folder.exists()
 
 
+def test_the_background_compile_runs_at_idle_priority():
+    """The child takes only CPU time the training process leaves: it drops to SCHED_IDLE
+    (else nice 19) before it imports torch."""
+    pool = worker._Pool()
+    pool.submit(worker.Job("idle", pickle.dumps({})))
+    deadline, idle = time.monotonic() + 60, False
+    try:
+        while not idle and time.monotonic() < deadline:
+            child = pool.child
+            if child is not None and child.poll() is None:
+                with contextlib.suppress(OSError):  # it may exit between the checks
+                    idle = (
+                        os.sched_getscheduler(child.pid) == os.SCHED_IDLE
+                        or os.getpriority(os.PRIO_PROCESS, child.pid) == 19
+                    )
+            time.sleep(0.005)
+    finally:
+        pool.close()
+    assert idle
+
+
 @pytest.mark.slow  # a training graph's background compile: about a minute on two cores
 def test_training_across_the_switch_matches_cpu(monkeypatch):
     monkeypatch.setenv("NEURONLOCAL_TIER_SWITCH", "3")
@@ -151,8 +173,11 @@ def test_training_across_the_switch_matches_cpu(monkeypatch):
     for device in ("cpu", "neuron"):
         m = _model().to(device)
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        step = torch.compile(lambda x, m=m: m(x).square().mean()) if device == "neuron" else \
-            (lambda x, m=m: m(x).square().mean())
+        step = (
+            torch.compile(lambda x, m=m: m(x).square().mean())
+            if device == "neuron"
+            else (lambda x, m=m: m(x).square().mean())
+        )
         x = torch.linspace(-2, 2, 8 * 16).reshape(8, 16).to(device)
         out = []
         for _ in range(5):

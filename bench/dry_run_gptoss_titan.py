@@ -50,18 +50,23 @@ def _checkout() -> Path:
 
 
 def _flavor(experts: int | None, layers: int | None) -> str:
-    """Register the 20b flavor with another expert or layer count; its name."""
+    """The flavor to train: 20b, or its name with another expert or layer count."""
     if experts is None and layers is None:
         return BASE
+    return f"{BASE}_{experts or 32}experts_{layers or 24}layers"
+
+
+def _register(flavor: str, experts: int | None, layers: int | None) -> None:
+    """Add the flavor beside torchtitan's 20b (its other fields are 20b's)."""
+    if flavor == BASE:
+        return
     from torchtitan.models.gpt_oss import gptoss_configs
 
     base = gptoss_configs[BASE]
-    e = base.moe_args.num_experts if experts is None else experts
-    n = base.n_layers if layers is None else layers
-    name = f"{BASE}_{e}experts_{n}layers"
-    gptoss_configs[name] = dataclasses.replace(
-        base, n_layers=n, moe_args=dataclasses.replace(base.moe_args, num_experts=e))
-    return name
+    gptoss_configs[flavor] = dataclasses.replace(
+        base, n_layers=layers or base.n_layers,
+        moe_args=dataclasses.replace(base.moe_args,
+                                     num_experts=experts or base.moe_args.num_experts))
 
 
 def _positive(text: str) -> int:
@@ -77,15 +82,18 @@ def main() -> None:
     parser.add_argument("--layers", type=_positive, help="transformer layers (20b: 24)")
     ours, titan = parser.parse_known_args()
     root = _checkout()
+    flavor = _flavor(ours.experts, ours.layers)
+    # before torchtitan is imported: its ConfigManager.parse_args reads sys.argv[1:] as its
+    # default argument, taken when its module is imported
+    sys.argv = [sys.argv[0], "--job.config_file", str(TOML), "--model.flavor", flavor,
+                "--profiling.no_enable_profiling", "--metrics.disable_color_printing",
+                *titan]
     torchtitan_job._moe_kernels_without_triton()  # before torchtitan's MoE is imported
     import torchtitan
 
     if not Path(torchtitan.__file__).resolve().is_relative_to(root):
         raise SystemExit(f"torchtitan imported from {torchtitan.__file__}, not {root}")
-    flavor = _flavor(ours.experts, ours.layers)
-    sys.argv = [sys.argv[0], "--job.config_file", str(TOML), "--model.flavor", flavor,
-                "--profiling.no_enable_profiling", "--metrics.disable_color_printing",
-                *titan]
+    _register(flavor, ours.experts, ours.layers)
     torchtitan_job.main()
 
 

@@ -1,6 +1,6 @@
 """torch.neuron memory API: HBM accounting per logical core, mirroring torch.cuda.
 
-The counters live in the C++ allocator (csrc/memory.cpp), which emulates TorchNeuron's
+The counters live in the C++ allocator (csrc/hbm.cpp), which emulates TorchNeuron's
 caching segment allocator, so `reserved >= allocated >= active` always holds.
 `memory_stats()` has TorchNeuron's keys (`allocated_bytes`, `reserved_bytes`,
 `active_bytes`, ... each a dict of current, peak, allocated and freed; the counters

@@ -1,7 +1,7 @@
 """Dry run: this process's switch, the values it assumed, the model state it saw.
 
 In a dry run (NEURONLOCAL_DRY_RUN=1, set by `neuronlocal run --dry-run`) neuron tensors
-carry sizes, dtypes, strides and HBM accounting but no bytes (csrc/memory.cpp), and eager
+carry sizes, dtypes, strides and HBM accounting but no bytes (csrc/dry_memory.cpp), and eager
 ops run meta kernels (csrc/fallback.cpp). A value the program reads from the device
 (`.item()`, copies to the host, ops without a meta kernel) is read from memory no kernel
 wrote: zero, except the bytes of small copies from the host (csrc/kernels.cpp). Each such

@@ -1,5 +1,5 @@
 // Dry run: neuron storages carry no bytes (sizes, dtypes and HBM accounting only; see
-// memory.cpp), eager ops run meta kernels (fallback.cpp), collectives complete without
+// dry_memory.cpp), eager ops run meta kernels (fallback.cpp), collectives complete without
 // peers (c10d.cpp). Set once at import, before any tensor exists.
 #pragma once
 
@@ -27,7 +27,7 @@ constexpr int64_t kDryValueBytes = 16 << 20;
 bool dry_has_values(const at::Tensor& t);
 // Marks the whole storage of `t` as holding values or not (over kDryValueBytes: not).
 void dry_mark(const at::Tensor& t, bool values);
-// memory.cpp: the block at `addr` is freed (its address may hold another storage next).
+// dry_memory.cpp: the block at `addr` is freed (its address may hold another storage next).
 void dry_forget(const void* addr);
 // Whether `t` is its whole storage, contiguous (a write to it defines every byte).
 bool covers_storage(const at::Tensor& t);

@@ -7,8 +7,8 @@
 // ops on it compute on the host for real (fallback.cpp). An index output computed from data
 // the run lacks (topk, sort, argmax, max's indices) is filled with a deterministic routing
 // pattern instead (balanced, or a hot expert 0), and that is an assumption, reported with the
-// program's line. Storages are keyed by address; memory.cpp forgets an address when its block
-// is freed, before the address can be handed out again.
+// program's line. Storages are keyed by address; dry_memory.cpp forgets an address when its
+// block is freed, before the address can be handed out again.
 #include "dry.h"
 
 #include <atomic>

@@ -12,7 +12,7 @@
 // Per-op analysis of the schema is done once and cached; which ops run on the host and
 // which keep 64 bits is data that Python sets (neuronlocal/eager/ops.py).
 //
-// In a dry run (memory.cpp) the same path runs each op's Meta kernel on data-less meta
+// In a dry run (dry_memory.cpp) the same path runs each op's Meta kernel on data-less meta
 // aliases instead, so placement, the 64-bit rule, tracking and HBM accounting are those of
 // a real run while no bytes exist. An op without a meta kernel (data-dependent output:
 // nonzero, unique, bincount) runs its CPU kernel on the memory of its inputs, and a value

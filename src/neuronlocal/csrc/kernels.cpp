@@ -249,7 +249,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
     double p1m = 1. - p;
     auto noise = at::empty_like(x, LEGACY_CONTIGUOUS_MEMORY_FORMAT);
     std::optional<Draw> draw;  // CPU's global generator, or the core's own stream
-    if (draws_own_stream(default_generator(idx))) draw.emplace(default_generator(idx));
+    const at::Generator& core_gen = default_generator(idx);
+    if (draws_own_stream(core_gen)) draw.emplace(core_gen);
     noise.bernoulli_(p1m, draw ? std::optional<at::Generator>(draw->generator()) : std::nullopt);
     out = x.mul(noise).mul_(1. / p1m);
     mask = noise.to(at::kBool);

@@ -7,7 +7,10 @@
 //   guard.cpp        device guard (current device, device count, streams, events), hooks,
 //                    and the runtime's start at the first device use
 //   generator.cpp    the per-core random generators, in TorchNeuron's state format
-//   memory.cpp       allocator over host memory with per-core HBM accounting and OOM
+//   hbm.cpp          per-core HBM accounting of the emulated caching allocator, and OOM
+//   memory.cpp       the neuron allocator over host memory, and the memory API over hbm.cpp
+//   host_memory.cpp  host buffers reused by size, compiled graphs' host allocations counted
+//   dry_memory.cpp   the data-less storages of a dry run (addresses, no bytes)
 //   alias.cpp        zero-copy CPU aliases of neuron tensors; those compiled code keeps
 //                    until backward follow their storage through resizes
 //   fallback.cpp     the boxed CPU fallback on zero-copy aliases, op tracking, 64-bit rule
@@ -87,8 +90,8 @@ class Draw {
   at::mt19937_data_pod before_{};
 };
 
-// ---- memory.cpp ------------------------------------------------------------
-// Per-core accounting of an emulated caching allocator (see memory.cpp).
+// ---- memory.cpp, hbm.cpp, host_memory.cpp ---------------------------------
+// Per-core accounting of an emulated caching allocator (see hbm.cpp; hbm.h is its state).
 void set_budgets(const std::vector<int64_t>& bytes_per_core);
 void set_oom_hint(const std::string& hint);
 // Marks the device unusable (bad configuration): every later use raises `reason`.

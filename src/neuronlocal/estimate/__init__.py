@@ -5,7 +5,8 @@ bytes); workload.py counts full-size transformers models on the meta device; roo
 turns counts into seconds with efficiency factors that calibrate.py fits to published
 Neuron benchmarks (published.py, with sources; result in fitted.py); layout.py spreads a
 workload over TP/PP/DP cores; graphs.py costs one captured FX graph; capture.py costs the
-eager training steps of `neuronlocal run` and `neuronlocal check`; cli.py is
+eager training steps of `neuronlocal run` and `neuronlocal check`, overlap.py the same steps
+with the collectives that run alongside compute overlapped; cli.py is
 `neuronlocal estimate`. Every estimate carries the band the held-out rows measured
 (docs/estimate.md).
 """

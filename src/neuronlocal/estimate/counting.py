@@ -361,6 +361,9 @@ class Counter(TorchDispatchMode):
         self._bodies: list[Tally] = []  # tallies of higher-order bodies running now
         self.uncounted: set[str] = set()  # higher-order operators run without their cost
         self.error: str | None = None  # the first failure of the counting itself
+        # A capture's overlap.Timeline: every cost also goes there, in issue order, each
+        # collective with how it runs relative to compute (None: not recorded).
+        self.timeline: Any = None
         # Tokens fed since the last reset: the largest index tensor an embedding looked up
         # (a position embedding looks up fewer), the batch x sequence of the step.
         self.tokens = 0
@@ -371,11 +374,14 @@ class Counter(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         return True  # torch.compile keeps compiling; compiled graphs are costed on their own
 
-    def add(self, cost: OpCost, times: float = 1.0) -> None:
+    def add(self, cost: OpCost, times: float = 1.0, alongside: str | None = None) -> None:
+        """`alongside`: for a collective that runs beside compute, its kind (overlap.py)."""
         if self._bodies:
             self._bodies[-1].add(cost, times)
             return
         self.tally.add(cost, times)
+        if self.timeline is not None:
+            self.timeline.add(cost, times, alongside)
         if self.key is not None:
             self.per_key.setdefault(self.key, Tally()).add(cost, times)
 
@@ -436,7 +442,8 @@ class Counter(TorchDispatchMode):
                 self.tokens = max(self.tokens, int(args[1].numel()))
             cost = op_cost(func, args, kwargs, out, ins)
             if cost is not None:
-                self.add(cost)
+                self.add(cost, alongside=self.timeline.alongside(func, args, kwargs)
+                         if self.timeline is not None and cost.engine == "comm" else None)
         except Exception:  # noqa: BLE001 - an op without a cost rule is left out
             pass
 

@@ -77,19 +77,32 @@ class Compiled:
                        for op, _ in rows], dtype=float)
         cb = np.array([op.comm_bytes for op, _ in rows], dtype=float)
         self.n_t, self.n_v, self.n_c = n * is_t, n * is_v, n * is_c
+        self.is_t, self.is_v, self.is_c = is_t, is_v, is_c
         self.t_mm = np.where(is_t, flops / peak, 0.0)  # seconds at peak
         self.t_vec = np.where(is_t, vec, np.where(is_v, flops, 0.0)) / spec.vector_flops
         self.t_hbm = by / spec.hbm_bytes_per_s
         self.t_comm = np.where(is_c, cb / bw, 0.0)
         self.flops = float((flops * n * is_t).sum())
 
-    def seconds(self, f: Factors) -> float:
+    def _rows(self, f: Factors) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Seconds of one call of each row as a tensor, a vector and a collective op."""
         tensor = np.maximum(np.maximum(self.t_mm / f.tensor, self.t_vec / f.vector),
                             self.t_hbm / f.hbm)
         vector = np.maximum(self.t_vec / f.vector, self.t_hbm * f.fusion / f.hbm)
         comm = self.t_comm / f.link + f.latency
+        return tensor, vector, comm
+
+    def seconds(self, f: Factors) -> float:
+        tensor, vector, comm = self._rows(f)
         return float((tensor * self.n_t).sum() + (vector * self.n_v).sum()
                      + (comm * self.n_c).sum())
+
+    def per_call(self, f: Factors) -> np.ndarray:
+        """Seconds of one call of each op of the tally, in its order: what `seconds` sums,
+        before the counts (the overlap model prices a step's ops in issue order)."""
+        tensor, vector, comm = self._rows(f)
+        return np.where(self.is_t, tensor, np.where(self.is_v, vector,
+                                                    np.where(self.is_c, comm, 0.0)))
 
 
 def seconds(tally: Tally, spec: InstanceSpec, f: Factors, ranks_per_node: int | None = None

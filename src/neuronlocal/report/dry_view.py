@@ -33,9 +33,14 @@ def _cost_lines(s: dict[str, Any]) -> list[str]:
     out = []
     if s.get("step_s") is not None:
         parts = s.get("step_parts_s") or {}
-        out.append(f"  step {_s(s['step_s'])} (band {_band(s['step_band_s'])}, rank "
+        out.append(f"  step {_s(s['step_s'])} serial (band {_band(s['step_band_s'])}, rank "
                    f"{s.get('step_rank')}): " + ", ".join(
                        f"{k.replace('_', ' ')} {_s(v)}" for k, v in parts.items()))
+        if s.get("step_overlapped_s") is not None:
+            out.append(f"  step {_s(s['step_overlapped_s'])} with collectives overlapped: "
+                       f"{_s(s.get('collectives_alongside_s') or 0.0)} of them run alongside "
+                       "compute (FSDP, DDP's buckets, async); tensor parallel and "
+                       "synchronous ones on the critical path")
     if s.get("tokens_per_s") is not None:
         usd = s.get("usd_per_million_tokens")
         out.append(f"  {s['tokens_per_step']} tokens per step: {s['tokens_per_s']:,.0f} "

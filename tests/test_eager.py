@@ -397,10 +397,7 @@ def test_errors_users_see_match_torchneuron():
                                     torch.empty(0, device="neuron"))
 
 
-@pytest.mark.parametrize("dev", ["cpu", pytest.param("neuron", marks=pytest.mark.xfail(
-    strict=False, reason="in the full suite the neuron call raised SystemError (the fallback's "
-    "UserWarning issued with the CPU kernel's error set) instead of NotImplementedError; passes "
-    "alone; not yet diagnosed"))])
+@pytest.mark.parametrize("dev", ["cpu", "neuron"])
 def test_flash_attention_refused_as_torchneuron_refuses_it(dev):
     """PyTorch has `_flash_attention_forward`/`_backward` (varlen attention, torchtitan's
     `gpt_oss_debugmodel` default) on CUDA only. TorchNeuron registers no kernel for them:
@@ -796,6 +793,47 @@ def test_linear_algebra_is_recorded_as_fallback():
     assert fallback == {**dict.fromkeys(LINALG, 1), "aten::linalg_inv_ex": 2}
     ran = {ops.placement(op).host_op for op in torch_neuronx.get_executed_ops()}
     assert set(fallback) <= ran
+
+
+FAILING_FORWARD_SCRIPT = """
+import json, warnings, torch
+class Failing(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        torch.ops.aten.linalg_inv_ex.default(a)  # the op's first CPU fallback: it warns
+        raise ValueError("forward failed")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+a = (torch.eye(3) * 2).to("neuron").requires_grad_()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter(ACTION)
+    try:
+        Failing.apply(a)
+        raised = None
+    except Exception as e:
+        raised = f"{type(e).__name__}: {e}"
+print(json.dumps([raised, [str(w.message).split()[0] for w in caught]]))
+"""
+
+
+@pytest.mark.parametrize("action", ["ignore", "always", "error"])
+def test_fallback_warning_in_a_failing_autograd_function(fresh_python, action):
+    """torch.ops calls have no warning buffer of their own: a fallback's warning inside an
+    autograd.Function's forward went to `apply`'s buffer, which `apply` issued while
+    forward's error was set when forward raised (SystemError instead of the error). The
+    fallback issues it through Python at once: forward's own error reaches the caller, and a
+    filter that makes warnings errors raises the warning itself, where the op was called."""
+    r = fresh_python(FAILING_FORWARD_SCRIPT.replace("ACTION", repr(action)))
+    assert r.returncode == 0, r.stderr
+    raised, warned = json.loads(r.stdout.splitlines()[-1])
+    if action == "error":
+        assert raised.startswith("UserWarning: aten::linalg_inv_ex executed via CPU fallback")
+    else:
+        assert raised == "ValueError: forward failed"
+    assert warned == (["aten::linalg_inv_ex"] if action == "always" else [])
 
 
 WARN_SCRIPT = """

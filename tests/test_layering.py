@@ -107,8 +107,8 @@ def test_checker_sees_an_upward_import(tmp_path: Path) -> None:
 # Inside compile/: one module per stage, lowest first. A module imports only modules of
 # earlier stages (the package's __init__ sits above them all), so no import cycle can form,
 # through a function-level import either.
-COMPILE_STAGES = ["bucketing", "flex", "lowering", "fingerprint", "cache", "aot", "bridge",
-                  "static", "worker", "tiered", "subclass", "backend", "inductor"]
+COMPILE_STAGES = ["bucketing", "flex", "lowering", "fingerprint", "cache", "megacache", "aot",
+                  "bridge", "static", "worker", "tiered", "subclass", "backend", "inductor"]
 COMPILE = SRC / "neuronlocal" / "compile"
 
 

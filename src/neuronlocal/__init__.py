@@ -17,8 +17,9 @@ imports this package. Importing it registers everything, once, in this order:
    operators fall through neuron's autocast key, as through CPU's and CUDA's (amp);
 6. c10d backend `neuron` and functional-collective kernels (distributed), if available;
 7. torch.compile seams: Dynamo's device interface and the default (Inductor) backend on
-   neuron (compile.inductor), FlexAttention's device check under Dynamo (compile.flex),
-   installed when those PyTorch modules are imported;
+   neuron (compile.inductor), the `neuron_neff` MegaCache artifact (compile.megacache),
+   FlexAttention's device check under Dynamo (compile.flex), installed when those PyTorch
+   modules are imported;
 8. Hugging Face glue: lazy import hooks, nothing imported now (hf).
 """
 
@@ -63,9 +64,11 @@ torch.utils.generate_methods_for_privateuse1_backend(
 from neuronlocal import distributed, hf  # noqa: E402
 from neuronlocal.compile import flex as _flex  # noqa: E402
 from neuronlocal.compile import inductor as _inductor  # noqa: E402
+from neuronlocal.compile import megacache as _megacache  # noqa: E402
 
 distributed.register()
 _inductor.register()
+_megacache.register()
 _flex.register()
 hf.register()
 

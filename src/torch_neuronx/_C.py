@@ -11,6 +11,7 @@ import torch
 from neuronlocal import _C as _neuronlocal_C
 from neuronlocal import device as _neuron
 from neuronlocal import memory as _memory
+from neuronlocal.compile import megacache as _megacache
 from neuronlocal.eager import tracking as _tracking
 from torch_neuronx._nrt_inspect import (  # noqa: F401  (TorchNeuron's binding names)
     _nrt_inspect_begin_with_options,
@@ -134,6 +135,46 @@ def _get_profiler_mappings() -> dict[str, Any]:
     "stream_id"}]}]}` for the executions since the last call (then cleared)."""
     _neuron.synchronize()
     return _neuronlocal_C._get_profiler_mappings()
+
+
+def put_neff_cache(key: str, neff_bytes: bytes) -> bool:
+    """Writes a compiled graph's bytes to the persistent cache under `key` (MegaCache's
+    load); False when the cache is disabled or cannot be written."""
+    return _megacache.put(key, neff_bytes)
+
+
+def get_neff_cache(key: str) -> bytes | None:
+    """The persistent cache's bytes for `key`, or None (missing or empty)."""
+    return _megacache.get(key)
+
+
+def get_neff_info(cache_key: str) -> tuple[str, bytes] | None:
+    """`(persistent key, bytes)` of a graph this process compiled, by its cache key (the keys
+    `get_compiled_cache_keys` lists), or None."""
+    return _megacache.COMPILATION_CACHE.info(cache_key)
+
+
+def _get_compilation_cache_stats() -> dict[str, Any]:
+    """Graphs in the in-memory compilation cache (`total_entries`) and the persistent hits,
+    misses and compile time counted while metrics are enabled."""
+    return _megacache.COMPILATION_CACHE.stats()
+
+
+def _clear_compilation_cache() -> None:
+    """Forgets the compiled graphs' bytes and counts and removes the persistent byte files."""
+    _megacache.COMPILATION_CACHE.clear()
+
+
+def _clear_compilation_memory_cache() -> None:
+    _megacache.COMPILATION_CACHE.clear(persistent=False)
+
+
+def _neuron_set_metrics_enabled(enabled: bool) -> None:
+    _megacache.COMPILATION_CACHE.metrics_enabled = bool(enabled)
+
+
+def _neuron_metrics_enabled() -> bool:
+    return _megacache.COMPILATION_CACHE.metrics_enabled
 
 
 # TorchNeuron's allocator submodule: `get()` is its allocator (here the module that is

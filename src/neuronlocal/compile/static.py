@@ -40,6 +40,7 @@ from neuronlocal.compile.cache import (
 from neuronlocal.compile.fingerprint import graph_text
 from neuronlocal.compile.flex import decompose as decompose_flex
 from neuronlocal.compile.lowering import lowering_fixes, optlevel_patches, stock_compile_fx
+from neuronlocal.compile.megacache import COMPILATION_CACHE
 from neuronlocal.core import dynamo_metrics as metrics
 from neuronlocal.core.config import env_flag
 from neuronlocal.estimate import capture as estimate_capture
@@ -237,13 +238,20 @@ def _has_collectives(gm: fx.GraphModule) -> bool:
 
 def _record(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
             graph_id: int, name: str, seconds: float, cache_state: str, key: str, kind: str,
-            extra: dict[str, Any]) -> None:
+            extra: dict[str, Any], text: str) -> str:
+    """Records the compiled graph (its key, its bytes, its metrics record); returns its cache
+    state: a graph of the eager compiler whose bytes a MegaCache load put in the persistent
+    cache is a hit, as a loaded NEFF is on Trainium."""
+    compiler = extra.get("compiler", "eager")
+    if COMPILATION_CACHE.compiled(key, name, compiler, text, seconds) and compiler == "eager":
+        cache_state = "hit"
     add_compiled_cache_key(key)
     shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
     dtypes = [str(x.dtype) for x in example_inputs if isinstance(x, torch.Tensor)]
     metrics.record(metrics.GraphRecord(graph_id, name, options.get("model_name"),
                                        len(gm.graph.nodes), shapes, dtypes, seconds, cache_state,
                                        key, _has_collectives(gm), kind, extra))
+    return cache_state
 
 
 def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, Any],
@@ -258,16 +266,17 @@ def compile_eager(gm: fx.GraphModule, args: Sequence[Any], options: dict[str, An
     moved = any(a is not b for a, b in zip(args, copies, strict=True))
     args = copies
     flags = {"grad": torch.is_grad_enabled(), "compiler": "eager"}
-    key = graph_key(graph_text(gm), [_meta(x) for x in args], flags)
+    text = graph_text(gm)
+    key = graph_key(text, [_meta(x) for x in args], flags)
     start = time.perf_counter()
     try:
         fn, parts = compile_parts(gm, args)
     except Exception as err:
         compile_failed(err, name, len(gm.graph.nodes), options)
         return gm.forward
-    cache_state = _CACHE.mark(key, name)
-    _record(gm, args, options, graph_id, name, time.perf_counter() - start, cache_state, key,
-            kind, {**(extra or {}), "compiler": "eager", "parts": parts})
+    cache_state = _record(gm, args, options, graph_id, name, time.perf_counter() - start,
+                          _CACHE.mark(key, name), key, kind,
+                          {**(extra or {}), "compiler": "eager", "parts": parts}, text)
     log.debug("compiled %s (%d nodes; parts %s), cache %s", name, len(gm.graph.nodes), parts,
               cache_state)
 
@@ -304,6 +313,7 @@ class InductorJob:
     examples: list[Any]
     patches: dict[str, Any]
     grad: bool
+    text: str = ""  # the CPU graph's text (`fingerprint.graph_text`), the key's IR
 
 
 def inductor_job(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
@@ -317,8 +327,9 @@ def inductor_job(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dic
     flags: dict[str, Any] = {"grad": grad, "patches": repr(sorted((patches or {}).items()))}
     if not autograd:  # a part of a desugared graph: its bridge never enters autograd
         flags["bridge"] = "plain"
-    key = graph_key(graph_text(cpu_gm), [_meta(x) for x in example_inputs], flags)
-    return InductorJob(key, cpu_gm, examples, patches, grad)
+    text = graph_text(cpu_gm)
+    key = graph_key(text, [_meta(x) for x in example_inputs], flags)
+    return InductorJob(key, cpu_gm, examples, patches, grad, text)
 
 
 def run_inductor_job(job: InductorJob, name: str, state: State | None = None) -> str:
@@ -368,7 +379,7 @@ def compile_static(gm: fx.GraphModule, example_inputs: Sequence[Any], options: d
         compile_failed(err, name, nodes, options)
         return gm.forward
     _record(gm, example_inputs, options, graph_id, name, time.perf_counter() - start,
-            cache_state, job.key, kind, {**(extra or {}), "compiler": "inductor"})
+            cache_state, job.key, kind, {**(extra or {}), "compiler": "inductor"}, job.text)
     log.debug("compiled %s (%d nodes), cache %s\n%s", name, nodes, cache_state, job.cpu_gm.code)
     # The Trainium-time estimate of this graph goes on its record, and its calls are counted
     # while `neuronlocal run` or `check` captures (neuronlocal.estimate.capture).

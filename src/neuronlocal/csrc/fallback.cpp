@@ -195,16 +195,18 @@ bool python_handles_warnings() {
   return h != nullptr && std::strstr(typeid(*h).name(), "PyWarningHandler") != nullptr;
 }
 
-// A UserWarning attributed to the Python line that called the op: torch's Python handler
-// raises a warning without a C++ source location as is, where TORCH_WARN's would end in
-// "Triggered internally at <file>.cpp:<line>", a path that means nothing to the user.
+// A UserWarning attributed to the Python line that called the op, issued through Python's
+// warnings at once (warn_in_python: never buffered until a binding returns, when an error
+// may be set), without TORCH_WARN's "Triggered internally at <file>.cpp:<line>", a path
+// that means nothing to the user. Other callers (C++, autograd's device threads) get c10's
+// warning with its source location, which their handler logs.
 template <typename... Args>
 void warn_user(const Args&... args) {
-  const bool python = python_handles_warnings();
+  const std::string message = c10::str(args...);
+  if (python_handles_warnings() && warn_in_python(message)) return;
   c10::warn(c10::Warning(c10::UserWarning(),
-                         c10::SourceLocation{__func__, python ? nullptr : __FILE__,
-                                             python ? 0u : static_cast<uint32_t>(__LINE__)},
-                         c10::str(args...), false));
+                         c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                         message, false));
 }
 
 void warn_wrap(OpInfo& info, int64_t value) {

@@ -2,6 +2,7 @@
 #include "dry.h"
 #include "profiler_map.h"
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
 namespace neuron {
@@ -12,6 +13,24 @@ std::vector<py::object> bridge_out(const std::vector<py::object>& outs, int inde
                                    bool keep_grad);
 void bind_c10d(py::module_& m);  // c10d.cpp: the `neuron` process-group backend
 void bind_exit(py::module_& m);  // exit.cpp: drain autograd threads before finalization
+}  // namespace neuron
+
+namespace neuron {
+bool warn_in_python(const std::string& message) {
+  PythonCall call;
+  if (!call.ok()) return false;
+  py::gil_scoped_acquire gil;
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  const int rc = PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1);
+  if (type != nullptr) {  // an error was pending: it stays the error, the warning's is dropped
+    if (rc < 0) PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    return true;
+  }
+  if (rc < 0) throw python_error();  // a filter turned the warning into an error
+  return true;
+}
 }  // namespace neuron
 
 namespace {

@@ -311,4 +311,14 @@ class PythonCall {
 // Whether exit has begun (the door is closed).
 bool python_calls_closed();
 
+// ---- module.cpp ------------------------------------------------------------
+// Issues a UserWarning through Python's warnings now, attributed to the calling Python line,
+// on a thread where Python called the op (torch's Python warning handler is installed).
+// torch's handler would buffer it and issue it when the outermost binding returns; a binding
+// that returns a Python error without a C++ exception (autograd.Function.apply when forward
+// raises) then issues it with that error set, which Python reports as SystemError. A Python
+// error already set is kept; a warning filter that makes it an error throws it (as torch's
+// handler does). Returns false when Python cannot be called (exit under way).
+bool warn_in_python(const std::string& message);
+
 }  // namespace neuron

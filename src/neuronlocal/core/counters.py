@@ -20,8 +20,8 @@ log = logging.getLogger("neuronlocal.report")
 
 _lock = threading.Lock()
 _collectives: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])  # -> [count, bytes]
-# (rank, op, group size) -> [count, bytes]
-_collective_groups: dict[tuple[int, str, int], list[int]] = defaultdict(lambda: [0, 0])
+# (rank, op, group size, link class of the group's ranks) -> [count, bytes]
+_collective_groups: dict[tuple[int, str, int, str], list[int]] = defaultdict(lambda: [0, 0])
 _counters: dict[str, int] = defaultdict(int)
 _swaps: dict[tuple[str, str], int] = defaultdict(int)  # (model, layer class) -> modules
 
@@ -65,16 +65,17 @@ def launcher_count(name: str, default: int, minimum: int) -> int:
 
 
 def record_collective(op: str, nbytes: int, rank: int | None = None,
-                      group_size: int | None = None) -> None:
+                      group_size: int | None = None, link: str = "") -> None:
     """Counts one collective (e.g. "all_reduce") moving `nbytes` bytes from this rank, in a
-    group of `group_size` ranks (when known)."""
+    group of `group_size` ranks (when known) whose members cross `link` (core/topology.py's
+    class of their ranks; "" if unknown)."""
     r = current_rank() if rank is None else rank
     with _lock:
         entry = _collectives[(r, op)]
         entry[0] += 1
         entry[1] += int(nbytes)
         if group_size is not None:
-            g = _collective_groups[(r, op, int(group_size))]
+            g = _collective_groups[(r, op, int(group_size), link)]
             g[0] += 1
             g[1] += int(nbytes)
     log.debug("collective %s: %d bytes (rank %d)", op, nbytes, r)
@@ -88,11 +89,12 @@ def get_collectives() -> list[dict[str, Any]]:
 
 
 def get_collective_groups() -> list[dict[str, Any]]:
-    """[{rank, op, group_size, count, bytes}]: collectives by the size of their group."""
+    """[{rank, op, group_size, link, count, bytes}]: collectives by their group's size and
+    the link its member ranks cross."""
     with _lock:
         items = sorted(_collective_groups.items())
-    return [{"rank": r, "op": op, "group_size": g, "count": c, "bytes": b}
-            for (r, op, g), (c, b) in items]
+    return [{"rank": r, "op": op, "group_size": g, "link": link, "count": c, "bytes": b}
+            for (r, op, g, link), (c, b) in items]
 
 
 def increment(name: str, value: int = 1) -> None:

@@ -53,7 +53,7 @@ thread_local bool t_dry_kept = false;
 
 // Python hooks, set once by neuronlocal.distributed and never released: they must outlive
 // every group, and a decref after interpreter shutdown would crash.
-py::object* g_record = nullptr;       // record_collective(op, nbytes, rank, group_size)
+py::object* g_record = nullptr;       // record_collective(op, nbytes, rank, group_size, link)
 PyObject* g_error_class = nullptr;    // NeuronCollectiveError
 
 // A collective failed in gloo (peer died, timeout, mismatched sizes). Python sees it as
@@ -399,11 +399,13 @@ std::string hms(std::chrono::milliseconds t) {
 
 class NeuronBackend : public c10d::Backend {
  public:
+  // link: the link class of the group's member ranks (core/topology.py), recorded with each
+  // collective.
   NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size, int record_rank,
-                std::string timeout, bool checks)
+                std::string timeout, bool checks, std::string link)
       : Backend(rank, size), gloo_(std::move(gloo)),
         where_(std::make_shared<const Where>(Where{rank, size, std::move(timeout)})),
-        record_rank_(record_rank), checks_(checks && gloo_) {
+        record_rank_(record_rank), link_(std::move(link)), checks_(checks && gloo_) {
     if (gloo_) install_terminate_guard(record_rank);
   }
   // Destroying gloo joins its threads, which may be waiting for the GIL (see ~NeuronWork).
@@ -728,7 +730,7 @@ class NeuronBackend : public c10d::Backend {
     if (!call.ok()) return;
     py::gil_scoped_acquire gil;
     try {
-      (*g_record)(what, bytes, record_rank_, size_);
+      (*g_record)(what, bytes, record_rank_, size_, link_);
     } catch (py::error_already_set& e) {
       e.discard_as_unraisable("neuronlocal record_collective");
     }
@@ -843,6 +845,7 @@ class NeuronBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> gloo_;
   std::shared_ptr<const Where> where_;
   int record_rank_;
+  std::string link_;
   bool checks_;
   bool coalescing_ = false;
   std::atomic<uint64_t> seq_{0};
@@ -872,15 +875,15 @@ class NeuronGroup : public c10d::ProcessGroup {
 void bind_c10d(py::module_& m) {
   m.def("_c10d_backend",
         [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank, int size, int record_rank,
-           std::string timeout, bool checks) -> c10::intrusive_ptr<c10d::Backend> {
+           std::string timeout, bool checks, std::string link) -> c10::intrusive_ptr<c10d::Backend> {
           return c10::make_intrusive<NeuronBackend>(gloo, rank, size, record_rank,
-                                                    std::move(timeout), checks);
+                                                    std::move(timeout), checks, std::move(link));
         },
         "the neuron c10d backend over an inner gloo backend");
   m.def("_c10d_dry_backend",
-        [](int rank, int size, int record_rank) -> c10::intrusive_ptr<c10d::Backend> {
+        [](int rank, int size, int record_rank, std::string link) -> c10::intrusive_ptr<c10d::Backend> {
           return c10::make_intrusive<NeuronBackend>(nullptr, rank, size, record_rank, "none",
-                                                    false);
+                                                    false, std::move(link));
         },
         "the neuron c10d backend of a dry run: collectives complete without peers");
   m.def("_c10d_group",

@@ -14,7 +14,7 @@ and the gloo threads never run Python.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from neuronlocal import _C
-from neuronlocal.core import dryrun
+from neuronlocal.core import dryrun, topology
 from neuronlocal.core.config import env_flag
 from neuronlocal.core.counters import record_collective
 
@@ -49,18 +49,23 @@ def install_hooks() -> None:
     _C._c10d_register_work(_C)
 
 
-def make_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroup:
-    """A stock ProcessGroup named `neuron` whose collectives run on the C++ neuron backend.
+def make_group(store: dist.Store, rank: int, size: int, timeout: timedelta,
+               ranks: Sequence[int] = ()) -> ProcessGroup:
+    """A stock ProcessGroup named `neuron` whose collectives run on the C++ neuron backend;
+    `ranks`: its members' global ranks (none: the whole world, 0..size-1), whose link class
+    (core/topology.py) each collective is recorded with.
 
     Its device list is `neuron` alone, as TorchNeuron's; CPU tensors are taken only from
     compiled graphs (their CPU aliases) and are otherwise TorchNeuron's ValueError."""
     # The run report is per process: count under the job's rank, not the subgroup's.
     record_rank = dist.get_rank() if dist.is_initialized() else rank
+    link = topology.of_ranks(ranks or range(size))
     if dryrun.enabled():  # the group stands for all its ranks: no peers, no gloo
-        backend = _C._c10d_dry_backend(rank, size, record_rank)
+        backend = _C._c10d_dry_backend(rank, size, record_rank, link)
         return _C._c10d_group(store, rank, size, backend)
     gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-    backend = _C._c10d_backend(gloo, rank, size, record_rank, str(timeout), checks_enabled())
+    backend = _C._c10d_backend(gloo, rank, size, record_rank, str(timeout), checks_enabled(),
+                               link)
     return _C._c10d_group(store, rank, size, backend)
 
 
@@ -88,6 +93,7 @@ def make_creator(bind: Callable[[], None]) -> Callable[..., ProcessGroup]:
 
     def create(common: Any, _options: Any = None) -> ProcessGroup:
         bind()  # idempotent: the first group of the job binds the rank to its core
-        return make_group(common.store, common.group_rank, common.group_size, common.timeout)
+        return make_group(common.store, common.group_rank, common.group_size, common.timeout,
+                          list(common.global_ranks_in_group))
 
     return create

@@ -211,6 +211,7 @@ class Capture:
         tally, self.counter.tally = self.counter.tally, Tally()
         tokens, self.counter.tokens = self.counter.tokens, 0
         timeline, self.counter.timeline = self.counter.timeline, Timeline()
+        sharers, self.counter.token_sharers = self.counter.token_sharers, 1
         spec, w = emulated(), band_width("train")
         node = launcher_count("LOCAL_WORLD_SIZE", 0, minimum=1) or None  # torchrun's layout
         # Eager work as TorchNeuron runs it: each op alone (no fusion) plus its own kernel
@@ -253,7 +254,7 @@ class Capture:
                "compiled_band_s": [(fused + graphs) / (1 + w), (fused + graphs) * (1 + w)],
                "graph_calls": int(sum(self._step_calls.values())),
                # of estimated_s: eager collectives (latency + bytes over their link)
-               "comm_s": comm_s, "tokens": tokens,
+               "comm_s": comm_s, "tokens": tokens, "token_sharers": sharers,
                "tensor_flops": tally.tensor_flops + sum(
                    float(_estimate(g).get("tensor_flops", 0))
                    * k for g, k in self._step_calls.items())}

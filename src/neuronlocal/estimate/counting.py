@@ -20,7 +20,7 @@ import sys
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -68,6 +68,7 @@ class OpCost(NamedTuple):
     vector: float = 0.0  # vector work inside a tensor op (attention softmax)
     comm_bytes: float = 0.0  # bytes one rank sends (ring algorithms)
     group: int = 1  # ranks in the collective
+    link: str = ""  # the link its member ranks cross (core/topology.py); "": consecutive
 
 
 @dataclass
@@ -131,34 +132,49 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return out
 
 
-def _group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    schema_args = func._schema.arguments
-    for i, a in enumerate(schema_args):
+def _process_group(val: Any) -> Any:
+    """The ProcessGroup a collective's argument names (its name, the boxed group, or the
+    group itself), else None."""
+    try:
+        if isinstance(val, str):
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            return _resolve_process_group(val)
+        if isinstance(val, torch.ScriptObject):  # c10d's ops take the group boxed
+            from torch._C._distributed_c10d import ProcessGroup
+
+            return ProcessGroup.unbox(val)
+        if hasattr(val, "size") and hasattr(val, "rank") and not isinstance(val, torch.Tensor):
+            return val
+    except Exception:  # noqa: BLE001 - not a process group
+        pass
+    return None
+
+
+def _group(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, str]:
+    """(ranks in a collective's group, the link its member ranks cross: core/topology.py;
+    "" where the members are unknown, priced as consecutive ranks)."""
+    size = None
+    for i, a in enumerate(func._schema.arguments):
         val = args[i] if i < len(args) else kwargs.get(a.name)
         if a.name == "group_size" and isinstance(val, int):
-            return val
-        if a.name == "group_name" and isinstance(val, str):
+            size = val
+        elif val is not None and (pg := _process_group(val)) is not None:
             try:
-                from torch.distributed.distributed_c10d import _resolve_process_group
+                import torch.distributed as dist
 
-                return int(_resolve_process_group(val).size())  # type: ignore[arg-type]
-            except Exception:  # noqa: BLE001 - no process group: fall through
-                pass
-        if isinstance(val, torch.ScriptObject):  # c10d's ops take the group boxed
-            try:
-                from torch._C._distributed_c10d import ProcessGroup
+                from neuronlocal.core import topology
 
-                return int(ProcessGroup.unbox(val).size())
-            except Exception:  # noqa: BLE001 - not a process group: fall through
-                pass
-        if val is not None and hasattr(val, "size") and not isinstance(val, torch.Tensor):
-            try:
-                return int(val.size())
-            except Exception:  # noqa: BLE001
-                pass
+                ranks = dist.get_process_group_ranks(pg)
+                return len(ranks), topology.of_ranks(ranks)
+            except Exception:  # noqa: BLE001 - a group c10d does not list: its size alone
+                with suppress(Exception):
+                    return int(pg.size()), ""
+    if size is not None:
+        return size, ""
     from neuronlocal.core.counters import world_size
 
-    return max(2, world_size(default=2))
+    return max(2, world_size(default=2)), ""
 
 
 def _collective_input_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -174,8 +190,9 @@ def _collective_input_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return total
 
 
-def collective_cost(name: str, nbytes: float, p: int) -> OpCost:
-    """Bytes one rank sends for a ring collective of `nbytes` (the input tensor) over p ranks."""
+def collective_cost(name: str, nbytes: float, p: int, link: str = "") -> OpCost:
+    """Bytes one rank sends for a ring collective of `nbytes` (the input tensor) over p ranks;
+    `link`: the link class its ranks cross (core/topology.py), "" if unknown."""
     frac = (p - 1) / p if p > 1 else 0.0
     if "all_reduce" in name or "allreduce" in name:
         sent = 2 * frac * nbytes
@@ -185,7 +202,7 @@ def collective_cost(name: str, nbytes: float, p: int) -> OpCost:
         sent = frac * nbytes
     else:  # broadcast, send, recv, barrier
         sent = nbytes
-    return OpCost("comm", comm_bytes=sent, group=p)
+    return OpCost("comm", comm_bytes=sent, group=p, link=link)
 
 
 def attention_cost(q: torch.Size, k: torch.Size, v: torch.Size, causal: bool, dtype: str,
@@ -227,8 +244,8 @@ def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
     if func.namespace in ("_c10d_functional", "c10d", "c10d_functional", "_dtensor"):
         if name in _WAIT or not ins:
             return None
-        return collective_cost(name, _collective_input_bytes(func, args, kwargs),
-                               _group_size(func, args, kwargs))
+        size, link = _group(func, args, kwargs)
+        return collective_cost(name, _collective_input_bytes(func, args, kwargs), size, link)
     moved = sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs)
     if name in _SDPA_OPS and len(ins) >= 3:
         q, k, v = ins[:3]
@@ -340,6 +357,19 @@ class _AttentionMode(TorchFunctionMode):
         return _FlashAttention.apply(q, k, v, causal)  # grouped K/V keep their head count
 
 
+def batch_sharers(indices: torch.Tensor) -> tuple[int, int]:
+    """(tokens this rank looks up, ranks that look up the same ones) of an embedding's
+    indices. A DTensor's are replicated over some dims of its device mesh (tensor
+    parallelism's row-wise embedding: every rank of a TP group feeds the same batch); a
+    plain tensor is this rank's own batch."""
+    mesh, placements = getattr(indices, "device_mesh", None), getattr(indices, "placements", ())
+    if mesh is None:
+        return int(indices.numel()), 1
+    local = indices.to_local()  # type: ignore[attr-defined]
+    shared = math.prod(mesh.size(i) for i, p in enumerate(placements) if p.is_replicate())
+    return int(local.numel()), int(shared)
+
+
 class Counter(TorchDispatchMode):
     """Adds the cost of every ATen op it sees to `tally` (and to `per_key[key]`, if set).
 
@@ -365,8 +395,10 @@ class Counter(TorchDispatchMode):
         # collective with how it runs relative to compute (None: not recorded).
         self.timeline: Any = None
         # Tokens fed since the last reset: the largest index tensor an embedding looked up
-        # (a position embedding looks up fewer), the batch x sequence of the step.
+        # (a position embedding looks up fewer), the batch x sequence of the step; and the
+        # ranks that looked up those same tokens (`batch_sharers`).
         self.tokens = 0
+        self.token_sharers = 1
         # On real tensors (eager capture) attention runs as the program runs it, op by op.
         self._attention = _AttentionMode() if replace_attention else None
 
@@ -439,7 +471,9 @@ class Counter(TorchDispatchMode):
                ins: list[torch.Tensor] | None) -> None:
         try:
             if func.overloadpacket is torch.ops.aten.embedding and len(args) > 1:
-                self.tokens = max(self.tokens, int(args[1].numel()))
+                fed, shared = batch_sharers(args[1])
+                if fed > self.tokens:
+                    self.tokens, self.token_sharers = fed, shared
             cost = op_cost(func, args, kwargs, out, ins)
             if cost is not None:
                 self.add(cost, alongside=self.timeline.alongside(func, args, kwargs)

@@ -14,14 +14,15 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from neuronlocal.core.topology import link_class
 from neuronlocal.estimate.counting import OpCost, Tally
 from neuronlocal.estimate.rates import InstanceSpec, instance
 from neuronlocal.estimate.roofline import (
     Compiled,
     Factors,
-    collective_bandwidth,
     eager_factors,
     launches,
+    link_bandwidth,
 )
 from neuronlocal.estimate.workload import Shape, Workload
 
@@ -151,7 +152,9 @@ class Plan:
         self.tp_count = per_layer * layers if lay.tp > 1 else 0.0
         self.tp_bytes = self.tp_count * 2 * (lay.tp - 1) / lay.tp * act
         ranks_node = spec.cores
-        self.tp_bw = collective_bandwidth(spec, lay.tp, ranks_node)
+        # Rank 0's groups: TP over consecutive ranks, data parallel strided by tp * pp.
+        self.tp_bw = link_bandwidth(
+            spec, link_class(range(lay.tp), spec.cores_per_chip, ranks_node), ranks_node)
         shard = sh.params / (lay.tp * lay.pp)  # parameters one core updates (before dp)
         self.dp_bytes = self.dp_count = self.fsdp_bytes = self.fsdp_count = self.fsdp_net = 0.0
         self.dp_bw = self.net_bytes = 0.0
@@ -161,7 +164,9 @@ class Plan:
                 self.fsdp_bytes = 3 * (d - 1) / d * shard * 2
                 self.fsdp_count = 3 * layers
             local = max(1, min(d, spec.cores // (lay.tp * lay.pp)))
-            self.dp_bw = collective_bandwidth(spec, lay.tp * lay.pp * local, ranks_node)
+            stride = lay.tp * lay.pp
+            self.dp_bw = link_bandwidth(spec, link_class(
+                range(0, stride * local, stride), spec.cores_per_chip, ranks_node), ranks_node)
             nodes = d // local
             if lay.zero < 3:  # one gradient reduction per step (FSDP's is per micro-batch)
                 self.dp_bytes = 2 * (local - 1) / local * shard * 4

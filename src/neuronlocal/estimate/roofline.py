@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from neuronlocal.estimate.counting import Tally
+from neuronlocal.core import topology
+from neuronlocal.estimate.counting import OpCost, Tally
 from neuronlocal.estimate.rates import InstanceSpec
 
 
@@ -43,18 +44,34 @@ FP32_MATMUL_RATE = "bf16"
 NAMES = ("tensor", "hbm", "vector", "fusion", "link", "latency", "launch", "train")
 
 
-def collective_bandwidth(spec: InstanceSpec, group: int, ranks_per_node: int | None = None
-                         ) -> float:
-    """Bytes/s one rank of a `group`-rank collective gets (peak, before the link factor);
-    `ranks_per_node`: ranks on each instance (default: all its cores), consecutive."""
-    if group <= spec.cores_per_chip:
+def link_bandwidth(spec: InstanceSpec, link: str, ranks_per_node: int | None = None) -> float:
+    """Bytes/s one rank of a collective over `link` (core/topology.py's class) gets (peak,
+    before the link factor); `ranks_per_node`: ranks sharing each instance's EFA (default:
+    all its cores)."""
+    if link in (topology.NONE, topology.SAME_CHIP):
         return spec.hbm_bytes_per_s  # ranks on one chip exchange through its HBM
-    if group <= (ranks_per_node or spec.cores) and spec.link_bytes_per_s:
+    if link == topology.NEURONLINK and spec.link_bytes_per_s:
         return spec.link_bytes_per_s / spec.cores_per_chip
     if spec.net_bytes_per_s:
         return spec.net_bytes_per_s / (ranks_per_node or spec.cores)
     return spec.link_bytes_per_s / spec.cores_per_chip if spec.link_bytes_per_s else \
         spec.hbm_bytes_per_s
+
+
+def collective_bandwidth(spec: InstanceSpec, group: int, ranks_per_node: int | None = None
+                         ) -> float:
+    """`link_bandwidth` of a `group`-rank collective whose ranks are consecutive (a layout
+    known by its sizes alone)."""
+    rpn = ranks_per_node or spec.cores
+    return link_bandwidth(spec, topology.consecutive(group, spec.cores_per_chip, rpn), rpn)
+
+
+def op_bandwidth(spec: InstanceSpec, op: OpCost, ranks_per_node: int | None = None) -> float:
+    """Bandwidth of a counted collective: over the link its group's member ranks cross, as
+    the counter recorded it, else as if its ranks were consecutive."""
+    if op.link:
+        return link_bandwidth(spec, op.link, ranks_per_node)
+    return collective_bandwidth(spec, op.group, ranks_per_node)
 
 
 class Compiled:
@@ -72,7 +89,7 @@ class Compiled:
         flops = np.array([op.flops for op, _ in rows], dtype=float)
         vec = np.array([op.vector for op, _ in rows], dtype=float)
         by = np.array([op.bytes for op, _ in rows], dtype=float)
-        bw = np.array([collective_bandwidth(spec, op.group, ranks_per_node)
+        bw = np.array([op_bandwidth(spec, op, ranks_per_node)
                        if op.engine == "comm" else 1.0
                        for op, _ in rows], dtype=float)
         cb = np.array([op.comm_bytes for op, _ in rows], dtype=float)

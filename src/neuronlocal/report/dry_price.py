@@ -5,7 +5,7 @@ simulated rank's steps (estimate/capture.py: the calibrated roofline over the ea
 rank ran, their collectives at latency + bytes over the link, one kernel launch per eager
 op, and each compiled graph's estimate with its launch); the collectives table prices each
 (op, group) with the same ring-byte rule and link rates (counting.collective_cost,
-roofline.collective_bandwidth, the fitted factors); the compile bill takes the serve plan's
+roofline.link_bandwidth, the fitted factors); the compile bill takes the serve plan's
 minutes per graph and band. This module joins them over the ranks and states what each
 number assumes.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from neuronlocal.estimate import FACTORS, band_width
 from neuronlocal.estimate.counting import collective_cost
 from neuronlocal.estimate.rates import PRICES_DATE, InstanceSpec, instance, price
-from neuronlocal.estimate.roofline import collective_bandwidth, eager_launch
+from neuronlocal.estimate.roofline import eager_launch, link_bandwidth
 from neuronlocal.serve.plan import COMPILE_MINUTES, COMPILE_MINUTES_BAND, COMPILE_SOURCES
 
 OVERLAP_ASSUMPTION = (
@@ -44,15 +44,15 @@ def _input_bytes(op: str, result_bytes: float, group: int) -> float:
     return result_bytes
 
 
-def collective_seconds(op: str, group: int, result_bytes: float, calls: int,
+def collective_seconds(op: str, group: int, link: str, result_bytes: float, calls: int,
                        spec: InstanceSpec, ranks_per_node: int) -> float:
     """Seconds of `calls` collectives moving `result_bytes` in all, priced as the roofline
     prices one (its latency, plus the ring bytes over the group's link at the fitted link
-    efficiency), on the link the rank layout gives."""
+    efficiency), on `link`, the class of the group's member ranks."""
     if group <= 1 or calls <= 0:
         return 0.0
     sent = collective_cost(op, _input_bytes(op, result_bytes, group), group).comm_bytes
-    bw = collective_bandwidth(spec, group, ranks_per_node)
+    bw = link_bandwidth(spec, link, ranks_per_node)
     return calls * FACTORS.latency + sent / (bw * FACTORS.link)
 
 
@@ -126,14 +126,17 @@ def cost(reps: list[dict[str, Any]], world: int, nnodes: int, spec: InstanceSpec
              "eager_launches": s["launch_s"], "compiled_graphs": s["graph_s"]}
     tokens = tokens_per_step
     if tokens is None:
-        fed = int(s.get("tokens", 0))
+        fed, shared = int(s.get("tokens", 0)), int(s.get("token_sharers", 1))
         if fed:
-            tokens = fed * world
+            tokens = fed * world // shared
+            why = (f" / {shared} ranks that looked up the same tokens (the tensor-parallel "
+                   "mesh over which the embedding's indices are replicated)" if shared > 1
+                   else ", every rank its own batch (the embedding's indices are not "
+                   "replicated over a device mesh)")
             assumptions.append(
                 f"tokens per step: {fed} per rank (the largest index tensor an embedding "
-                f"looked up in rank {rank}'s last step) x {world} ranks, as if every rank "
-                "fed its own batch (data parallel); under tensor or pipeline parallelism "
-                "ranks share a batch: give --tokens-per-step")
+                f"looked up in rank {rank}'s last step) x {world} ranks{why}; pipeline "
+                "stages that share a batch are not detected: give --tokens-per-step")
         else:
             missing.append("tokens/s and $ per million tokens: no embedding lookup was seen; "
                            "give --tokens-per-step")
@@ -166,7 +169,7 @@ def priced_collectives(colls: list[dict[str, Any]], steps: int, spec: InstanceSp
                        ranks_per_node: int) -> list[dict[str, Any]]:
     """The collectives table with each row's estimated seconds per step."""
     return [{**c, "seconds_per_step": collective_seconds(
-        c["op"], c["group_size"], c["bytes"], c["calls"], spec, ranks_per_node)
+        c["op"], c["group_size"], c["link"], c["bytes"], c["calls"], spec, ranks_per_node)
         / max(1, steps)} for c in colls]
 
 

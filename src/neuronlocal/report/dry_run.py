@@ -82,17 +82,6 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def link_class(group_size: int, cores_per_chip: int, cores_per_node: int) -> str:
-    """Where a group's traffic goes, if its ranks are consecutive (torchrun's layout)."""
-    if group_size <= 1:
-        return "none"
-    if group_size <= cores_per_chip:
-        return "same chip"
-    if group_size <= cores_per_node:
-        return "NeuronLink"
-    return "EFA"
-
-
 def _verdict(r: dict[str, Any]) -> str:
     """"fits with X GiB to spare", or where and by how much the core's HBM runs out."""
     if r["fits"]:
@@ -150,13 +139,10 @@ def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
               tokens_per_step: int | None = None) -> dict[str, Any]:
     """The `dry_run` section of report.json, from the simulated ranks' reports."""
     per_rank = [_rank_summary(r) for r in ranks]
-    colls: dict[tuple[str, int], dict[str, Any]] = {}
     first = ranks[0] if ranks else {}
-    for c in (first.get("dry_run") or {}).get("collective_groups", []):
-        key = (c["op"], c["group_size"])
-        colls[key] = {"op": c["op"], "group_size": c["group_size"], "bytes": c["bytes"],
-                      "calls": c["count"],
-                      "link": link_class(c["group_size"], prof.cores_per_chip, nproc)}
+    colls = [{"op": c["op"], "group_size": c["group_size"], "bytes": c["bytes"],
+              "calls": c["count"], "link": c["link"]}
+             for c in (first.get("dry_run") or {}).get("collective_groups", [])]
     steps = max((r["steps"] for r in per_rank), default=0)
     spec = dry_price.spec_of(prof.instance, prof.lnc)
     bill = dry_price.compile_bill(ranks)
@@ -164,7 +150,7 @@ def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
     return {
         "world_size": world, "instance": instance, "nodes": nnodes, "ranks": per_rank,
         "collectives": dry_price.priced_collectives(
-            sorted(colls.values(), key=lambda c: -c["bytes"]), steps, spec, nproc),
+            sorted(colls, key=lambda c: -c["bytes"]), steps, spec, nproc),
         "collectives_of_rank": first.get("rank"),
         "steps": steps, **bill,
         "recompiles": [{"rank": r["rank"], "graph": e["graph"], "reason": e["reason"]}
@@ -187,8 +173,10 @@ def summarize(ranks: list[dict[str, Any]], world: int, instance: str,
             "(NEURONLOCAL_DRY_RUN_ROUTING), any other value read from the device is zero; "
             "each site follows",
             *_assumed_sites(per_rank),
-            "assumed: a group's link class comes from its size with consecutive ranks "
-            f"({prof.cores_per_chip} logical cores per chip, {nproc} per node)",
+            "link: each group's class from its member ranks (same chip, "
+            "NeuronLink between chips of a node, EFA between nodes), with torchrun's layout: "
+            f"rank r on node r // {nproc}, its core r % {nproc}, {prof.cores_per_chip} "
+            "logical cores per chip",
             f"collective bytes are rank {first.get('rank')}'s result tensors over "
             f"{steps} step(s); seconds_per_step prices them over the steps run",
             *priced["assumptions"], dry_price.compile_assumption(),

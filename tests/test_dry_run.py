@@ -455,6 +455,42 @@ def test_peak_breakdown_adds_up_and_model_state_is_the_closed_form(tmp_path):
     assert "at the peak: parameters" in proc.stdout
 
 
+CONTAINER = """\
+    import torch
+    import torch.nn as nn
+    dev = torch.device("neuron")
+
+    class Container(torch.optim.Optimizer):  # as torchtitan's OptimizersContainer
+        def __init__(self, params):
+            self.inner = [torch.optim.AdamW(params, lr=1e-3)]
+            super().__init__([p for g in self.inner[0].param_groups for p in g["params"]], {})
+
+        def step(self, closure=None):
+            for opt in self.inner:
+                opt.step()
+
+    model = nn.Sequential(nn.Embedding(512, 256), nn.Linear(256, 512), nn.ReLU(),
+                          nn.Linear(512, 256)).to(dev)
+    opt = Container(list(model.parameters()))
+    for i in range(4):
+        print(f"training step {i}", flush=True)
+        ids = torch.randint(0, 512, (8, 64), device=dev)
+        model(ids).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    """
+
+
+def test_an_optimizer_that_steps_others_is_one_step(tmp_path):
+    """A container optimizer stepping an inner AdamW (torchtitan's) is one training step,
+    not two: the default 2 steps run two forward/backward passes, and the second's peak
+    holds Adam's moments from the first."""
+    s, proc = _dry_summary(tmp_path, CONTAINER, [])
+    assert "training step 1" in proc.stdout and "training step 2" not in proc.stdout
+    r = s["ranks"][0]
+    assert r["breakdown"]["optimizer"] == 2 * ADAM_PARAM_BYTES, r
+
+
 ACTIVATIONS = """\
     import torch
     import torch.nn as nn

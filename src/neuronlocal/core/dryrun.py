@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 from neuronlocal.core.config import ConfigError, env_flag, env_str, parse_routing
+from neuronlocal.core.steps import OuterSteps
 
 _lock = threading.Lock()
 _reads: Counter[tuple[str, str]] = Counter()
@@ -258,10 +259,18 @@ def steps() -> int:
     return _steps
 
 
+_outer = OuterSteps()
+
+
+def _before_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    _outer.begin(optimizer)
+
+
 def _after_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
     global _steps
     _measure(optimizer)
-    _steps += 1
+    if _outer.end(optimizer):  # an inner optimizer of a container is not a step of its own
+        _steps += 1
 
 
 def _stop_at_limit(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
@@ -289,7 +298,10 @@ def install() -> None:
     the peak's line and the saved-tensors hook of the breakdown."""
     global _PLAIN
     import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
 
     from neuronlocal import _C
 
@@ -303,5 +315,6 @@ def install() -> None:
     graph = torch.autograd.graph
     graph.disable_saved_tensors_hooks = _stepping_aside(
         graph.disable_saved_tensors_hooks)
+    register_optimizer_step_pre_hook(_before_step)
     register_optimizer_step_post_hook(_after_step)
     arm_step_limit()

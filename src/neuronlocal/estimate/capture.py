@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from neuronlocal.core.counters import launcher_count
+from neuronlocal.core.steps import OuterSteps
 from neuronlocal.estimate.counting import Counter, Tally
 from neuronlocal.estimate.overlap import Timeline
 
@@ -130,9 +131,7 @@ class Capture:
         self._mark = time.perf_counter()
         self._compile_mark = 0.0  # compile seconds recorded when the step began
         self._hooks: list[Any] = []
-        # Optimizers stepping now, outermost first: a step of an optimizer that steps others
-        # (torchtitan's OptimizersContainer) is one training step, not one per optimizer.
-        self._stepping: list[int] = []
+        self._stepping = OuterSteps()  # one training step per outermost optimizer step
         self.errors: list[str] = []  # what could not be estimated, and why
 
     def start(self) -> Capture:
@@ -176,18 +175,11 @@ class Capture:
         log.debug("not estimated: %s", why)
 
     def _on_step_start(self, opt: Any, *_: Any) -> None:
-        # An optimizer already on the stack is not stepping itself again: its earlier step
-        # raised (no post hook ran), so what it left there is dropped.
-        if id(opt) in self._stepping:
-            del self._stepping[self._stepping.index(id(opt)):]
-        if not self._stepping and self.counter.timeline is not None:
+        if self._stepping.begin(opt) and self.counter.timeline is not None:
             self.counter.timeline.barrier()  # the update needs every gradient reduced
-        self._stepping.append(id(opt))
 
     def _on_step(self, opt: Any, *_: Any) -> None:
-        if id(opt) in self._stepping:
-            del self._stepping[self._stepping.index(id(opt)):]
-        if self._stepping:
+        if not self._stepping.end(opt):
             return  # an inner optimizer of a step still running
         try:  # an optimizer hook: a failure here would end the user's step
             self._step(opt)

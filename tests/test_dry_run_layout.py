@@ -34,8 +34,9 @@ MESH = """\
         opt.step()
     """
 
-# TP 4 inside FSDP2: the embedding row-wise (its indices replicated over the TP group, as
-# torchtitan's and HF's plans shard it), the MLP column- then row-wise.
+# TP 4 inside FSDP2: the embedding row-wise with its indices replicated over the TP group
+# (torchtitan's plan; RowwiseParallel's default input layout, Shard(-1), would instead
+# gather the TP ranks' different ids into one 4 x 128 batch), the MLP column- then row-wise.
 TP_FSDP = """\
     import torch, torch.nn as nn, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -48,8 +49,9 @@ TP_FSDP = """\
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(512, 64), nn.Linear(64, 128), nn.ReLU(),
                           nn.Linear(128, 512)).to("neuron")
-    parallelize_module(model, mesh["tp"], {"0": RowwiseParallel(), "1": ColwiseParallel(),
-                                           "3": RowwiseParallel()})
+    from torch.distributed.tensor import Replicate
+    parallelize_module(model, mesh["tp"], {"0": RowwiseParallel(input_layouts=Replicate()),
+                                           "1": ColwiseParallel(), "3": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(2):

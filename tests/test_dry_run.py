@@ -491,6 +491,27 @@ def test_an_optimizer_that_steps_others_is_one_step(tmp_path):
     assert r["breakdown"]["optimizer"] == 2 * ADAM_PARAM_BYTES, r
 
 
+META_TP = """\
+    import torch, torch.nn as nn, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    dist.init_process_group("neuron")
+    mesh = init_device_mesh("neuron", (dist.get_world_size(),))
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(256, 512))
+    parallelize_module(model, mesh, {"0": ColwiseParallel()})  # DTensor parameters
+    model.to_empty(device="neuron")  # swaps each DTensor in place (torch.utils.swap_tensors)
+    print("local", tuple(model[0].weight.to_local().shape), flush=True)
+    """
+
+
+def test_tensor_parallel_model_built_on_meta_moves_to_the_device(tmp_path):
+    """Built on meta, sharded, then `to_empty` (large models' usual start): the DTensor
+    parameters are swapped in place, which fails if anything weakly references them."""
+    _, proc = _dry_summary(tmp_path, META_TP, ["--nproc-per-node", "2", "--ranks", "0"])
+    assert "local (256, 256)" in proc.stdout
+
+
 ACTIVATIONS = """\
     import torch
     import torch.nn as nn

@@ -178,29 +178,27 @@ def _stepping_aside(original: Any) -> Any:
     return disable
 
 
-# Every nn.Parameter registered on a module (a WeakSet: the dry run keeps none alive), and
-# the storage each was last tagged at: a parameter moved to the device gets new storage.
-# The modules they were registered on: what a module holds now counts too (FSDP2 swaps its
-# unsharded weights in without registering them).
-_params: weakref.WeakSet[Any] = weakref.WeakSet()
+# The modules a parameter was registered on (a WeakSet: the dry run keeps none alive), and
+# the storage each parameter was last tagged at: a parameter moved to the device gets new
+# storage. What a module holds now counts (FSDP2 swaps its unsharded weights in without
+# registering them). Parameters themselves are never weakly referenced: `Module.to_empty`
+# and `.to` swap a tensor subclass parameter (a DTensor of tensor parallelism) in place with
+# `torch.utils.swap_tensors`, which refuses a tensor that has a weak reference.
 _modules: weakref.WeakSet[Any] = weakref.WeakSet()
 _tagged: dict[int, int] = {}
 
 
-def _registered(module: Any, _name: str, param: Any) -> None:
+def _registered(module: Any, _name: str, _param: Any) -> None:
     _modules.add(module)
-    if param is not None:
-        _params.add(param)
 
 
 def _tag_live_parameters() -> None:
-    """Tags the storages of the registered parameters, and of those their modules hold now,
-    that are new since the last call (a script without an optimizer has weights too).
-    Called when an op call sets a new peak, while the peak's blocks are still live."""
+    """Tags the storages of the parameters the registering modules hold now that are new
+    since the last call (a script without an optimizer has weights too). Called when an op
+    call sets a new peak, while the peak's blocks are still live."""
     from neuronlocal import _C
 
-    held = [p for m in list(_modules) for p in m._parameters.values() if p is not None]
-    for p in [*list(_params), *held]:
+    for p in [p for m in list(_modules) for p in m._parameters.values() if p is not None]:
         t = getattr(p, "_local_tensor", p)
         if t.device.type != "neuron":
             continue

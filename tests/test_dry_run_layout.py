@@ -133,7 +133,7 @@ SMALL = ["--layers", "2", "--hidden", "256", "--ffn", "512", "--heads", "8", "--
 def test_trl_sft_under_fsdp2_dry_runs(tmp_path):
     """bench/dry_run_trl_sft.py at 2 layers on 4 ranks: TRL's SFTTrainer steps twice over
     FSDP2's collectives, model state is the closed form over the shards, every rank feeds
-    its own --seq tokens."""
+    its own batch, padded as TRL pads it on neuron."""
     s, rank0 = _dry_bench(tmp_path, "dry_run_trl_sft.py", ["--nproc-per-node", "4"],
                           [*SMALL, "--seq", "64"])
     assert [r["steps"] for r in s["ranks"]] == [2, 2]
@@ -142,7 +142,9 @@ def test_trl_sft_under_fsdp2_dry_runs(tmp_path):
     # q, o 256 x 256; k, v 256 x 128 (4 KV heads of 32); gate, up, down; two norms
     params = 2 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256) + 256 + 2 * 1024 * 256
     assert rank0["dry_run"]["model_state"]["parameters"] == params * 4 // 4  # fp32 / 4 ranks
-    assert s["tokens_per_step"] == 64 * 4
+    # TRL pads each batch to a multiple of 128 on a neuron device (its pad_to_multiple_of
+    # "auto"): every rank looks up 128 positions, 64 of them padding
+    assert s["tokens_per_step"] == 128 * 4
     assert all(r["fits"] for r in s["ranks"])
 
 

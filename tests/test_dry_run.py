@@ -512,6 +512,29 @@ def test_tensor_parallel_model_built_on_meta_moves_to_the_device(tmp_path):
     assert "local (256, 256)" in proc.stdout
 
 
+PG_TIMEOUT = """\
+    import warnings
+    from datetime import timedelta
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+    dist.init_process_group("neuron")
+    mesh = init_device_mesh("neuron", (2, 2), mesh_dim_names=("dp", "tp"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for group in (None, mesh["tp"].get_group(), mesh["dp"].get_group()):
+            _set_pg_timeout(timedelta(seconds=30), group)
+    print("warnings", [str(w.message) for w in seen], flush=True)
+    """
+
+
+def test_set_pg_timeout_reaches_the_simulated_groups(tmp_path):
+    """torchtitan sets every group's timeout: the dry run's groups (which serve CPU tensors
+    too) take it without the stock setter's "only supported for nccl or gloo" warning."""
+    _, proc = _dry_summary(tmp_path, PG_TIMEOUT, ["--nproc-per-node", "4", "--ranks", "0"])
+    assert "warnings []" in proc.stdout, proc.stdout[-2000:]
+
+
 ACTIVATIONS = """\
     import torch
     import torch.nn as nn

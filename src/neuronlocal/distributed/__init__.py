@@ -13,7 +13,6 @@ import os
 from datetime import timedelta
 from types import ModuleType
 
-import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
@@ -108,17 +107,22 @@ def _fake_serves_neuron(_module: ModuleType) -> None:
 
 
 def _pg_timeout_reaches_neuron(c10d: ModuleType) -> None:
-    """`_set_pg_timeout` sets the timeout of gloo and NCCL groups only; a neuron group's is set
-    the same way (its backend's `set_timeout`, which also names it in its errors)."""
+    """`_set_pg_timeout` sets the timeout of gloo and NCCL groups only; a group with a neuron
+    backend (the default group, a device mesh's subgroups, a `neuron:neuron,cpu:gloo` group)
+    has its neuron part set the same way (its backend's `set_timeout`, which also names it
+    in its errors), and any gloo part by the stock setter."""
     stock = c10d._set_pg_timeout
 
     @functools.wraps(stock)
     def _set_pg_timeout(timeout: timedelta, group: ProcessGroup | None = None) -> None:
         pg = group if group is not None else c10d._get_default_group()
-        if (isinstance(pg, ProcessGroup) and not c10d._rank_not_in_group(pg)
-                and pg.name() == BACKEND):
-            pg._get_backend(torch.device("neuron")).set_timeout(timeout)
-            return
+        if isinstance(pg, ProcessGroup) and not c10d._rank_not_in_group(pg):
+            backends = {d.type: pg._get_backend(d) for d in pg._device_types}
+            ours = {t for t, b in backends.items() if b.name() == BACKEND}
+            for b in {id(backends[t]): backends[t] for t in ours}.values():
+                b.set_timeout(timeout)
+            if ours and ours == set(backends):
+                return  # nothing left for the stock setter (it would warn)
         stock(timeout, group)
 
     setattr(c10d, "_set_pg_timeout", _set_pg_timeout)  # noqa: B010  (a module attribute)

@@ -110,7 +110,9 @@ def _pg_timeout_reaches_neuron(c10d: ModuleType) -> None:
     """`_set_pg_timeout` sets the timeout of gloo and NCCL groups only; a group with a neuron
     backend (the default group, a device mesh's subgroups, a `neuron:neuron,cpu:gloo` group)
     has its neuron part set the same way (its backend's `set_timeout`, which also names it
-    in its errors), and any gloo part by the stock setter."""
+    in its errors), and any gloo part by the stock setter. PyTorch's `fake` backend (torchtitan
+    builds its `batch` mesh dimension and those of degree 1 with it) communicates nothing,
+    so has no timeout to set."""
     stock = c10d._set_pg_timeout
 
     @functools.wraps(stock)
@@ -121,8 +123,8 @@ def _pg_timeout_reaches_neuron(c10d: ModuleType) -> None:
             ours = {t for t, b in backends.items() if b.name() == BACKEND}
             for b in {id(backends[t]): backends[t] for t in ours}.values():
                 b.set_timeout(timeout)
-            if ours and ours == set(backends):
-                return  # nothing left for the stock setter (it would warn)
+            if all(t in ours or b.name() == "fake" for t, b in backends.items()):
+                return  # nothing left for the stock setter (it would warn); fake has no timeout
         stock(timeout, group)
 
     setattr(c10d, "_set_pg_timeout", _set_pg_timeout)  # noqa: B010  (a module attribute)

@@ -535,6 +535,30 @@ def test_set_pg_timeout_reaches_the_simulated_groups(tmp_path):
     assert "warnings []" in proc.stdout, proc.stdout[-2000:]
 
 
+TP_FLOPS = """\
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    dist.init_process_group("neuron")
+    mesh = init_device_mesh("neuron", (dist.get_world_size(),))
+    w = distribute_tensor(torch.randn(512, 256, device="neuron"), mesh, [Shard(0)])
+    opt = torch.optim.SGD([torch.zeros((), device="neuron", requires_grad=True)], lr=0.0)
+    for _ in range(2):
+        x = distribute_tensor(torch.randn(8, 256, device="neuron"), mesh, [Replicate()])
+        torch.nn.functional.linear(x, w)  # column-parallel: each rank 8 x 256 by 256 x 128
+        opt.step()
+    """
+
+
+def test_a_dtensor_op_costs_its_shards_work(tmp_path):
+    """A DTensor op reaches the estimate's dispatch mode with global shapes; each rank does
+    its shard's work: the step's matmul FLOPs are the local 2 x 8 x 256 x 128, not 4 times
+    that."""
+    _dry_summary(tmp_path, TP_FLOPS, ["--nproc-per-node", "4", "--ranks", "0"])
+    rank0 = json.loads((tmp_path / "dry" / "rank0.json").read_text())
+    assert rank0["estimate"]["steps"][-1]["tensor_flops"] == 2 * 8 * 256 * 128
+
+
 ACTIVATIONS = """\
     import torch
     import torch.nn as nn

@@ -28,6 +28,7 @@ import torch
 from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import flop_registry
 
 aten = torch.ops.aten
@@ -474,6 +475,13 @@ class Counter(TorchDispatchMode):
                 fed, shared = batch_sharers(args[1])
                 if fed > self.tokens:
                     self.tokens, self.token_sharers = fed, shared
+            if any(hasattr(t, "_local_tensor") for t in
+                   (ins if ins is not None else _tensors((args, kwargs)))):
+                # A DTensor op reaches this mode whole, with global shapes; DTensor runs its
+                # shard's op below the mode, unseen. Each rank does its shard's work: cost it.
+                args, kwargs, out = tree_map_only(
+                    torch.Tensor, lambda t: getattr(t, "_local_tensor", t), (args, kwargs, out))
+                ins = None
             cost = op_cost(func, args, kwargs, out, ins)
             if cost is not None:
                 self.add(cost, alongside=self.timeline.alongside(func, args, kwargs)

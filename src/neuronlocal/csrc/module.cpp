@@ -2,6 +2,8 @@
 #include "dry.h"
 #include "profiler_map.h"
 
+#include <cstring>
+
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
@@ -15,6 +17,48 @@ void bind_c10d(py::module_& m);  // c10d.cpp: the `neuron` process-group backend
 void bind_exit(py::module_& m);  // exit.cpp: drain autograd threads before finalization
 }  // namespace neuron
 
+namespace {
+// The folders of torch's and neuronlocal's Python code (with the trailing separator).
+std::vector<std::string> library_dirs() {
+  std::vector<std::string> dirs;
+  for (const char* name : {"torch", "neuronlocal"}) {
+    auto path = py::str(py::module_::import(name).attr("__file__")).cast<std::string>();
+    dirs.push_back(path.substr(0, path.find_last_of("/\\") + 1));
+  }
+  return dirs;
+}
+
+// The warnings stack level of the innermost Python frame outside torch and neuronlocal:
+// torch's wrappers (torch._compile's disable-Dynamo `inner` around nn.init, for one) and the
+// compiler's graph runner are not where the program called the op. 1 when every frame is
+// theirs. Needs the GIL; leaves no Python error set.
+int user_stacklevel() {
+  static const std::vector<std::string> dirs = library_dirs();
+  int level = 1;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    Py_DECREF(code);
+    if (file == nullptr) PyErr_Clear();
+    bool theirs = false;
+    for (const auto& dir : dirs) {
+      theirs = theirs || (file != nullptr && std::strncmp(file, dir.c_str(), dir.size()) == 0);
+    }
+    if (!theirs) {
+      Py_DECREF(frame);
+      return level;
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+    ++level;
+  }
+  return 1;
+}
+}  // namespace
+
 namespace neuron {
 bool warn_in_python(const std::string& message) {
   PythonCall call;
@@ -22,7 +66,7 @@ bool warn_in_python(const std::string& message) {
   py::gil_scoped_acquire gil;
   PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
   PyErr_Fetch(&type, &value, &traceback);
-  const int rc = PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1);
+  const int rc = PyErr_WarnEx(PyExc_UserWarning, message.c_str(), user_stacklevel());
   if (type != nullptr) {  // an error was pending: it stays the error, the warning's is dropped
     if (rc < 0) PyErr_Clear();
     PyErr_Restore(type, value, traceback);

@@ -312,7 +312,8 @@ class PythonCall {
 bool python_calls_closed();
 
 // ---- module.cpp ------------------------------------------------------------
-// Issues a UserWarning through Python's warnings now, attributed to the calling Python line,
+// Issues a UserWarning through Python's warnings now, attributed to the innermost Python line
+// outside torch and neuronlocal (the program's),
 // on a thread where Python called the op (torch's Python warning handler is installed).
 // torch's handler would buffer it and issue it when the outermost binding returns; a binding
 // that returns a Python error without a C++ exception (autograd.Function.apply when forward

@@ -276,8 +276,10 @@ def op_cost(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
     return OpCost("vector", float(elements), moved)
 
 
-_SKIP_FRAMES = (__file__, os.path.join("torch", "_dynamo", ""),
-                os.path.join("torch", "utils", ""))
+# torch's and neuronlocal's code (its C++ warnings skip the same frames): torch's wrappers
+# (torch._compile's disable-Dynamo `inner` around nn.init) are not where the program asked.
+_SKIP_FRAMES = (os.path.join(os.path.dirname(torch.__file__), ""),
+                os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""))
 
 
 _64BIT = (torch.float64, torch.int64, torch.complex128)
@@ -306,8 +308,7 @@ def _call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
     if caught:
         frame = sys._getframe(1)
-        while frame.f_back is not None and any(x in frame.f_code.co_filename
-                                               for x in _SKIP_FRAMES):
+        while frame.f_back is not None and frame.f_code.co_filename.startswith(_SKIP_FRAMES):
             frame = frame.f_back
         registry = frame.f_globals.setdefault("__warningregistry__", {})
         for w in caught:

@@ -62,17 +62,23 @@ TP_FSDP = """\
     """
 
 
-def _dry(tmp_path: Path, script: str, args: list[str]) -> dict:
-    (tmp_path / "job.py").write_text(textwrap.dedent(script))
+def _run_dry(tmp_path: Path, args: list[str], timeout: int) -> Path:
+    """`neuronlocal run --dry-run` on trn2.48xlarge with private caches; the report folder."""
     out = tmp_path / "dry"
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
            "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
     proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--dry-run",
-                           "--report", str(out), "--instance", "trn2.48xlarge", *args,
-                           "job.py"], env=env, capture_output=True, text=True, timeout=300,
+                           "--report", str(out), "--instance", "trn2.48xlarge", *args],
+                          env=env, capture_output=True, text=True, timeout=timeout,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _dry(tmp_path: Path, script: str, args: list[str]) -> dict:
+    (tmp_path / "job.py").write_text(textwrap.dedent(script))
+    out = _run_dry(tmp_path, [*args, "job.py"], timeout=300)
     return json.loads((out / "report.json").read_text())["dry_run"]
 
 
@@ -112,15 +118,7 @@ BENCH = Path(__file__).parents[1] / "bench"
 
 def _dry_bench(tmp_path: Path, script: str, args: list[str], script_args: list[str]
                ) -> tuple[dict, dict]:
-    out = tmp_path / "dry"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
-           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
-    proc = subprocess.run([sys.executable, "-m", "neuronlocal", "run", "--dry-run",
-                           "--report", str(out), "--instance", "trn2.48xlarge", *args,
-                           str(BENCH / script), *script_args], env=env, capture_output=True,
-                          text=True, timeout=900, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = _run_dry(tmp_path, [*args, str(BENCH / script), *script_args], timeout=900)
     return (json.loads((out / "report.json").read_text())["dry_run"],
             json.loads((out / "rank0.json").read_text()))
 

@@ -97,6 +97,14 @@ def _root(create: bool, level: int) -> Path | None:
     return root
 
 
+def _place(key: str, create: bool, quiet: bool) -> tuple[Path | None, int]:
+    """The shard folder of `key` (None when the cache cannot be used) and the log level of
+    failures: debug when `quiet`."""
+    level = logging.DEBUG if quiet else logging.WARNING
+    root = _root(create=create, level=level)
+    return (None if root is None else _shard(root, key, create=create, level=level)), level
+
+
 def put(key: str, data: bytes, quiet: bool = False) -> bool:
     """Writes `data` as the persistent bytes of `key`; False (logged, at debug level when
     `quiet`) when the cache is disabled or cannot be used or written, as TorchNeuron's put
@@ -104,9 +112,7 @@ def put(key: str, data: bytes, quiet: bool = False) -> bool:
     check_key(key)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"NEFF bytes must be bytes, not {type(data).__name__}")
-    level = logging.DEBUG if quiet else logging.WARNING
-    root = _root(create=True, level=level)
-    shard = None if root is None else _shard(root, key, create=True, level=level)
+    shard, level = _place(key, create=True, quiet=quiet)
     if shard is None:
         return False
     try:
@@ -121,9 +127,7 @@ def get(key: str, quiet: bool = False) -> bytes | None:
     """The persistent bytes of `key`; None when missing, empty, a link or unreadable (logged,
     at debug level when `quiet`)."""
     check_key(key)
-    level = logging.DEBUG if quiet else logging.WARNING
-    root = _root(create=False, level=level)
-    shard = None if root is None else _shard(root, key, create=False, level=level)
+    shard, level = _place(key, create=False, quiet=quiet)
     if shard is None:
         return None
     try:
@@ -237,7 +241,7 @@ def _register_artifact(mod: ModuleType) -> None:
     """Registers the `neuron_neff` artifact type with torch's MegaCache and has its
     `serialize` collect the graphs compiled since the last save first, as TorchNeuron's
     does (so a process that loads artifacts knows the type before reading them)."""
-    class NeuronNeffCacheArtifact(mod.CacheArtifact):  # type: ignore[name-defined,misc]
+    class NeuronNeffCacheArtifact(mod.CacheArtifact):  # type: ignore[name-defined]
         """A compiled graph's bytes, under its persistent key."""
 
         @staticmethod

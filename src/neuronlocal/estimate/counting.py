@@ -140,7 +140,8 @@ def _process_group(val: Any) -> Any:
         if isinstance(val, str):
             from torch.distributed.distributed_c10d import _resolve_process_group
 
-            return _resolve_process_group(val)
+            name: Any = val  # a group name (c10d's GroupName is a str)
+            return _resolve_process_group(name)
         if isinstance(val, torch.ScriptObject):  # c10d's ops take the group boxed
             from torch._C._distributed_c10d import ProcessGroup
 

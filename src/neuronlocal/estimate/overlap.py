@@ -24,6 +24,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
@@ -63,7 +64,7 @@ def _from_fsdp() -> bool:
     """Whether FSDP's code (either version) issued the collective dispatched now. FSDP2 calls
     with async_op=False on streams of its own, which under TorchNeuron's default
     single-stream mode are the default stream: its frames say who issued it."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(_STACK_DEPTH):
         if frame is None:
             return False

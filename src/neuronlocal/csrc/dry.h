@@ -25,8 +25,12 @@ void dry_read(const std::string& what);
 // on such inputs compute on the host for real, results up to this size keep their bytes.
 constexpr int64_t kDryValueBytes = 16 << 20;
 bool dry_has_values(const at::Tensor& t);
-// Marks the whole storage of `t` as holding values or not (over kDryValueBytes: not).
+// Marks the whole storage of `t` as holding values or not (over kDryValueBytes, or over
+// kDryKeepBytes for a floating-point `t`: not).
 void dry_mark(const at::Tensor& t, bool values);
+// dry_memory.cpp: drops the host pages a write committed under the storage of `t` (it no
+// longer holds values: reads see zeros again, and it costs no host memory).
+void dry_release(const at::Tensor& t);
 // dry_memory.cpp: the block at `addr` is freed (its address may hold another storage next).
 void dry_forget(const void* addr);
 // Whether `t` is its whole storage, contiguous (a write to it defines every byte).

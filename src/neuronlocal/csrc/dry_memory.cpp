@@ -100,6 +100,17 @@ c10::Storage dry_storage(int64_t nbytes, c10::DeviceIndex index) {
       c10::StorageImpl::use_byte_size_t(), nbytes, dry_data(nbytes, index), allocator(), true));
 }
 
+void dry_release(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return;
+  const auto& st = t.storage();
+  if (dry_block(st.data_ptr()) == nullptr) return;  // not a dry block (a kept host copy)
+  // The block's pages are its own (dry_address): drop the whole pages inside the storage.
+  const auto begin = reinterpret_cast<uintptr_t>(st.data());
+  const uintptr_t first = (begin + 4095) / 4096 * 4096;
+  const uintptr_t last = (begin + st.nbytes()) / 4096 * 4096;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 c10::DataPtr dry_data(int64_t nbytes, c10::DeviceIndex index) {
   c10::Device dev(kNeuron, index);
   if (nbytes == 0) return c10::DataPtr(nullptr, dev);

@@ -67,7 +67,11 @@ void dry_mark(const at::Tensor& t, bool values) {
   if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) return;
   const void* k = key(t);
   std::lock_guard<std::mutex> lock(g_mu);
-  if (values && static_cast<int64_t>(t.storage().nbytes()) <= kDryValueBytes) {
+  // Values are index math: a floating-point storage keeps them only up to kDryKeepBytes
+  // (a count or a mask, not a model's weights, states or activations).
+  const int64_t limit = at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type())
+                            ? kDryKeepBytes : kDryValueBytes;
+  if (values && static_cast<int64_t>(t.storage().nbytes()) <= limit) {
     valued().insert(k);
   } else {
     valued().erase(k);

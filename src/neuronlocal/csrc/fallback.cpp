@@ -346,8 +346,15 @@ struct Call {
       n->set_sizes_and_strides(a->sizes(), a->strides(), a->storage_offset());
     }
     // Written from inputs with values: the storage holds them if it did, or if this write
-    // defined all of it. Written from data the run lacks: it holds none.
-    if (dry) dry_mark(x.neuron, real && (dry_has_values(x.neuron) || covers_storage(x.neuron)));
+    // defined all of it. Written from data the run lacks: it holds none, and the bytes an
+    // earlier write with values committed are dropped (an optimizer's zero-initialised
+    // state, scaled for real at its first step, then updated from gradients).
+    if (dry) {
+      const bool held = dry_has_values(x.neuron);
+      const bool holds = real && (held || covers_storage(x.neuron));
+      dry_mark(x.neuron, holds);
+      if (held && !dry_has_values(x.neuron)) dry_release(x.neuron);
+    }
   }
 
   at::Tensor out(at::Tensor r) {

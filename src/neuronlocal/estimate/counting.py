@@ -477,13 +477,13 @@ class Counter(TorchDispatchMode):
                 fed, shared = batch_sharers(args[1])
                 if fed > self.tokens:
                     self.tokens, self.token_sharers = fed, shared
-            if any(hasattr(t, "_local_tensor") for t in
-                   (ins if ins is not None else _tensors((args, kwargs)))):
+            ins = _tensors((args, kwargs)) if ins is None else ins
+            if any(hasattr(t, "_local_tensor") for t in ins):
                 # A DTensor op reaches this mode whole, with global shapes; DTensor runs its
                 # shard's op below the mode, unseen. Each rank does its shard's work: cost it.
                 args, kwargs, out = tree_map_only(
                     torch.Tensor, lambda t: getattr(t, "_local_tensor", t), (args, kwargs, out))
-                ins = None
+                ins = _tensors((args, kwargs))
             cost = op_cost(func, args, kwargs, out, ins)
             if cost is not None:
                 self.add(cost, alongside=self.timeline.alongside(func, args, kwargs)

@@ -164,7 +164,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return dry_run.run(args.args, args.module, args.report, nproc=args.nproc_per_node,
                            nnodes=args.nnodes, ranks=args.ranks, steps=args.steps,
                            instance=args.instance, master=(args.master_addr, args.master_port),
-                           tokens_per_step=args.tokens_per_step, routing=args.routing)
+                           tokens_per_step=args.tokens_per_step, routing=args.routing,
+                           jobs=args.jobs)
     dry_only = [f"--{n}" for n, v in (("nproc-per-node", args.nproc_per_node != 1),
                                       ("nnodes", args.nnodes != 1), ("ranks", args.ranks),
                                       ("steps", args.steps != 2), ("instance", args.instance),
@@ -172,7 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                       ("master-addr", args.master_addr),
                                       ("master-port", args.master_port),
                                       ("tokens-per-step", args.tokens_per_step),
-                                      ("routing", args.routing))
+                                      ("routing", args.routing), ("jobs", args.jobs))
                 if v]
     if dry_only:
         print(f"neuronlocal run: {', '.join(dry_only)} only apply with --dry-run (use torchrun "
@@ -267,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="dry run: indices of topk/sort/argmax over values the run lacks "
                             "(MoE routing): `balanced` (default) or `hot:<fraction>` on "
                             "expert 0; sets NEURONLOCAL_DRY_RUN_ROUTING")
+    p_run.add_argument("--jobs", type=whole(1, 4096),
+                       help="dry run: simulated ranks run at once (default: one per CPU core, "
+                            "at most the ranks; each holds its own host memory)")
     p_run.add_argument("args", nargs=argparse.REMAINDER, help="script.py [args...]")
     p_run.set_defaults(func=cmd_run)
     from neuronlocal.estimate.cli import add_arguments as estimate_arguments

@@ -9,7 +9,7 @@
 // noexcept destructor and a script that succeeded aborts at exit ("terminate called without
 // an active exception"). An atexit hook therefore runs one tiny backward per used core with
 // the GIL released: a core's thread finishes its previous task, cleanup included, before it
-// takes the new one, and the new one holds no Python objects.
+// takes the new one, and the new one, started from a thread of its own, holds no Python objects.
 //
 // Other C++ threads call Python too (the peak and fallback-site hooks run on autograd's
 // threads, collective records on gloo's). After the drain the same hook closes the door they
@@ -72,17 +72,23 @@ void drain_autograd_threads() {
   }
   if (used.empty()) return;
   py::gil_scoped_release no_gil;  // a thread waiting for the GIL can finish its cleanup
-  for (auto i : used) {
-    try {
-      c10::InferenceMode no_inference(false);
-      at::AutoGradMode grad(true);
-      auto x = at::ones({1}, at::TensorOptions().device(kNeuron, i)).requires_grad_(true);
-      auto y = x * 2;
-      torch::autograd::grad({y}, {x}, {at::ones_like(y)});
-    } catch (const std::exception&) {
-      // Best effort at exit: a core that cannot run it has no task to drain either.
+  // From a fresh thread: its thread-local state is empty, so the drain's own tasks capture no
+  // Python object (this thread's may hold saved-tensors hooks or modes, such as the dry run's
+  // breakdown hook, and a task capturing them would need the GIL to drop them).
+  std::thread drainer([&used]() {
+    for (auto i : used) {
+      try {
+        c10::InferenceMode no_inference(false);
+        at::AutoGradMode grad(true);
+        auto x = at::ones({1}, at::TensorOptions().device(kNeuron, i)).requires_grad_(true);
+        auto y = x * 2;
+        torch::autograd::grad({y}, {x}, {at::ones_like(y)});
+      } catch (const std::exception&) {
+        // Best effort at exit: a core that cannot run it has no task to drain either.
+      }
     }
-  }
+  });
+  drainer.join();
 }
 
 void prepare_exit() {

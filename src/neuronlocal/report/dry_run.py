@@ -1,7 +1,8 @@
 """`neuronlocal run --dry-run`: the user's unchanged script at its real size and world size.
 
-Each simulated rank runs in its own process, one after another, under the run report
-(report/runner.py), with the variables torchrun would set and NEURONLOCAL_DRY_RUN=1: its
+Each simulated rank runs in its own process under the run report (report/runner.py), as
+many at once as there are CPU cores (`--jobs`), each output line tagged with its rank when
+more than one runs, with the variables torchrun would set and NEURONLOCAL_DRY_RUN=1: its
 neuron tensors hold no bytes, its collectives complete without peers (core/dryrun.py,
 distributed/backend.py). Then this module reads the ranks' reports and adds the dry-run
 summary to report.json and report.html: peak HBM per rank against the core's HBM with its
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from neuronlocal.core import hardware
 from neuronlocal.core.config import ConfigError, parse_routing
@@ -68,18 +71,78 @@ def rank_env(rank: int, nproc: int, nnodes: int, run_id: str, steps: int,
     return env
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+def default_jobs(ranks: int) -> int:
+    """Simulated ranks run at once by default: one per CPU core this process may use, at
+    most the ranks. Each rank is a single-threaded-bound process (about 0.5-1 GiB of host
+    memory at 8B-70B), so more than the cores only slows each one."""
     try:
-        yield
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(ranks, cores))
+
+
+def _relay(stream: IO[bytes], sink: IO[bytes], prefix: bytes) -> None:
+    """Copies a child's output to ours line by line, each line tagged with its rank (as
+    torchrun's --tee tags them), so ranks running at once do not interleave mid-line."""
+    for line in iter(stream.readline, b""):
+        sink.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+        sink.flush()
+    stream.close()
+
+
+def _start(rank: int, world: int, args: list[str], module: str | None, out: Path, run_id: str,
+           env: dict[str, str], tagged: bool) -> tuple[runner.Child, list[threading.Thread]]:
+    print(f"neuronlocal dry run: rank {rank} of {world} started", file=sys.stderr)
+    child = runner.start(args, module, out, run_id, env={**os.environ, **env}, pipe=tagged)
+    relays = []
+    if tagged:
+        prefix = f"[rank{rank}]: ".encode()
+        for stream, sink in ((child.proc.stdout, sys.stdout.buffer),
+                             (child.proc.stderr, sys.stderr.buffer)):
+            assert stream is not None
+            t = threading.Thread(target=_relay, args=(stream, sink, prefix), daemon=True)
+            t.start()
+            relays.append(t)
+    return child, relays
+
+
+def _run_ranks(chosen: list[int], world: int, jobs: int, args: list[str], module: str | None,
+               out: Path, run_id: str, env_of: Callable[[int], dict[str, str]]) -> list[int]:
+    """Runs the simulated ranks, `jobs` at a time, each in its own child with its own
+    environment; returns their exit statuses. When one could not start its script (no
+    such module: no rank file), the ranks not yet started are not."""
+    pending = list(chosen)
+    running: dict[int, tuple[int, runner.Child, list[threading.Thread]]] = {}
+    procs: list[subprocess.Popen[bytes]] = []
+    codes: list[int] = []
+    tagged = jobs > 1
+    previous = runner.forwarding(procs)
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                rank = pending.pop(0)
+                child, relays = _start(rank, world, args, module, out, run_id, env_of(rank),
+                                       tagged)
+                running[child.proc.pid] = (rank, child, relays)
+                procs.append(child.proc)
+            pid, status = os.wait()
+            if pid not in running:
+                continue
+            rank, child, relays = running.pop(pid)
+            procs.remove(child.proc)
+            code = os.waitstatus_to_exitcode(status)
+            child.proc.returncode = code  # os.wait reaped it: Popen must not wait again
+            for t in relays:
+                t.join()
+            codes.append(runner.finish(child, code, quiet=True))
+            print(f"neuronlocal dry run: rank {rank} of {world} ended (status {codes[-1]}, "
+                  f"{time.monotonic() - child.started:.0f} s)", file=sys.stderr)
+            if codes[-1] and not (out / f"rank{rank}.json").exists():
+                pending.clear()  # the script could not start: runner said why
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        runner.restore(previous)
+    return codes
 
 
 def _verdict(r: dict[str, Any]) -> str:
@@ -189,8 +252,10 @@ def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int 
         nnodes: int = 1, ranks: str | None = None, steps: int = 2,
         instance: str | None = None,
         master: tuple[str | None, int | None] = (None, None),
-        tokens_per_step: int | None = None, routing: str | None = None) -> int:
-    """Runs each simulated rank in turn, then writes and prints the dry-run summary.
+        tokens_per_step: int | None = None, routing: str | None = None,
+        jobs: int | None = None) -> int:
+    """Runs the simulated ranks, `jobs` at once (default_jobs), then writes and prints the
+    dry-run summary.
     `tokens_per_step`: the job's tokens per optimizer step, where the embedding's count
     (every rank its own batch) is not it; `routing`: the routing policy (config.py)."""
     world = nproc * nnodes
@@ -215,29 +280,31 @@ def run(args: list[str], module: str | None, report_dir: str | Path, nproc: int 
         return 2
     out = Path(report_dir)
     run_id = f"dry-{os.getpid()}-{time.time():.0f}"
-    codes = []
-    for rank in chosen:
-        print(f"neuronlocal dry run: rank {rank} of {world}", file=sys.stderr)
-        with _environment(rank_env(rank, nproc, nnodes, run_id, steps, instance, master,
-                                       routing)):
-            codes.append(runner.run(args, module=module, report_dir=out, quiet=True,
-                                    run_id=run_id))
-        if codes[-1] == 2 and not (out / f"rank{rank}.json").exists():
-            return 2  # the script could not start (bad path): runner said why
+    jobs = jobs or default_jobs(len(chosen))
+    try:
+        codes = _run_ranks(chosen, world, jobs, args, module, out, run_id,
+                           lambda r: rank_env(r, nproc, nnodes, run_id, steps, instance,
+                                              master, routing))
+    except runner.RunError as e:
+        print(e, file=sys.stderr)
+        return e.code
     reps = []
     for rank in chosen:
         with contextlib.suppress(OSError, ValueError):
             rep = read_json(out / f"rank{rank}.json")
             if rep["run"].get("run_id") == run_id:
                 reps.append(rep)
+    failed = [c for c in codes if c]
+    if not reps:  # no rank ran the script (it could not start): nothing to summarize
+        print(f"neuronlocal dry run: no simulated rank wrote a report; nothing in {out}/",
+              file=sys.stderr)
+        return failed[0] if failed else 1
     summary = summarize(reps, world, prof.instance, prof, nproc, nnodes, tokens_per_step)
-    merged = render.merge(reps) if reps else {}
+    merged = render.merge(reps)
     merged["dry_run"] = summary
     write_private(out / "report.json", render.to_json(merged))
-    if reps:
-        write_private(out / "report.html", render.html_page(merged, dry_view.html(summary)))
+    write_private(out / "report.html", render.html_page(merged, dry_view.html(summary)))
     for line in dry_view.lines(summary):
         print(line)
     print(f"neuronlocal: dry-run report in {out}/report.json", file=sys.stderr)
-    failed = [c for c in codes if c]
     return failed[0] if failed else 0

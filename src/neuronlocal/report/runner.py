@@ -15,6 +15,7 @@ complete page (and prints the merged summary).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import glob
 import logging
@@ -95,12 +96,15 @@ def _terminal_sent_it_to_both() -> bool:
         return False
 
 
-def _forwarding(proc: subprocess.Popen[bytes]) -> dict[int, Any]:
+def forwarding(procs: list[subprocess.Popen[bytes]]) -> dict[int, Any]:
+    """Forwards this process's signals to the children in `procs` (a list the caller may
+    grow); returns the previous handlers, for `restore`."""
     def forward(signum: int, _frame: Any) -> None:
         if signum in _FROM_TERMINAL and _terminal_sent_it_to_both():
             return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+        for proc in list(procs):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
 
     # A signal this process ignores (a background job of a non-interactive shell ignores
     # SIGINT) stays ignored, as it is in the child, which inherited the same disposition.
@@ -217,38 +221,68 @@ def _run_id() -> str:
             f"-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
 
 
-def run(args: list[str], module: str | None = None, report_dir: str | Path = "neuron_report",
-        quiet: bool = False, run_id: str | None = None) -> int:
-    """Runs `script args...` (or `-m module args...`) in a child; returns its exit status.
-    `run_id`: the id of a job whose launcher names it (the dry run: one id for the ranks it
-    runs one after another); by default the id is derived from torchrun's environment."""
-    try:
-        target, argv = _target(args, module)
-        out = Path(report_dir)
-        created = _check_writable(out)
-    except RunError as e:
-        print(e, file=sys.stderr)
-        return e.code
-    run_id = run_id or _run_id()
+def restore(previous: dict[int, Any]) -> None:
+    """Puts back the signal handlers `forwarding` replaced."""
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+@dataclasses.dataclass
+class Child:
+    """A started child: its process, and what `finish` needs to take its report."""
+
+    proc: subprocess.Popen[bytes]
+    out: Path
+    state: Path
+    started: float
+    created: bool
+
+
+def start(args: list[str], module: str | None, report_dir: str | Path, run_id: str,
+          env: dict[str, str] | None = None, pipe: bool = False) -> Child:
+    """Starts `script args...` (or `-m module args...`) in a child reporting to
+    `report_dir`; raises RunError when it cannot start. `env`: the child's whole
+    environment (default: this one's); `pipe`: its stdout and stderr come back as pipes."""
+    target, argv = _target(args, module)
+    out = Path(report_dir)
+    created = _check_writable(out)
     state = out / f".state-{uuid.uuid4().hex}.json"
     cmd = [sys.executable, *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
            "-m", "neuronlocal.report.child", "--report", str(out), "--state", str(state),
            "--run-id", run_id, *(["--module", module] if module else []), "--",
            *(argv[1:] if module else argv)]
     log.info("running %s with the report going to %s", target, out)
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd)
-    previous = _forwarding(proc)
-    try:
-        status = proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    code = _finish_for_child(out, state, status, time.monotonic() - started, quiet)
-    if created:
+    pipes = subprocess.PIPE if pipe else None
+    proc = subprocess.Popen(cmd, env=env, stdout=pipes, stderr=pipes)
+    return Child(proc, out, state, time.monotonic(), created)
+
+
+def finish(child: Child, status: int, quiet: bool) -> int:
+    """After `child` ended with `status`: its exit status, and the report it could not
+    write itself."""
+    code = _finish_for_child(child.out, child.state, status, time.monotonic() - child.started,
+                             quiet)
+    if child.created:
         with contextlib.suppress(OSError):
-            out.rmdir()  # only succeeds when nothing was written: leave no empty folder
+            child.out.rmdir()  # only succeeds when nothing was written: leave no empty folder
     return code
+
+
+def run(args: list[str], module: str | None = None, report_dir: str | Path = "neuron_report",
+        quiet: bool = False) -> int:
+    """Runs `script args...` (or `-m module args...`) in a child; returns its exit status.
+    The job's id, which names its rank files, is derived from torchrun's environment."""
+    try:
+        child = start(args, module, report_dir, _run_id())
+    except RunError as e:
+        print(e, file=sys.stderr)
+        return e.code
+    previous = forwarding([child.proc])
+    try:
+        status = child.proc.wait()
+    finally:
+        restore(previous)
+    return finish(child, status, quiet)
 
 
 @contextlib.contextmanager

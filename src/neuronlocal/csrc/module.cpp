@@ -113,10 +113,11 @@ bool backward_site(c10::SourceLocation& where) {
   PyFrameObject* chosen = nullptr;
   int others = 0;
   for (auto item : threads) {
+    const bool mine = item.first.cast<unsigned long>() == self;
     PyFrameObject* found =
         backward_caller(reinterpret_cast<PyFrameObject*>(item.second.ptr()));
     if (found == nullptr) continue;
-    if (item.first.cast<unsigned long>() == self) {
+    if (mine) {
       Py_XDECREF(chosen);
       chosen = found;
       others = 0;
@@ -166,18 +167,17 @@ bool warn_from_backward(const std::string& message) {
   {
     PythonCall call;
     if (!call.ok()) return false;
+    // The thread that runs backward waits with the GIL released (torch's run_backward
+    // releases it), as Python autograd Functions on this thread need too.
     py::gil_scoped_acquire gil;
     PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
     PyErr_Fetch(&type, &value, &traceback);
     bool found = false;
     try {
       found = backward_site(where);
-    } catch (py::error_already_set& e) {
-      e.restore();
-      PyErr_Clear();
-    } catch (const std::exception&) {
+    } catch (const std::exception&) {  // best effort: c10's plain warning instead
     }
-    PyErr_Restore(type, value, traceback);
+    PyErr_Restore(type, value, traceback);  // also clears any error the search left
     if (!found) return false;
   }
   // Verbatim: torch's Python handler issues it at `where`, with no C++ source appended.

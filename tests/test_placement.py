@@ -159,6 +159,39 @@ def test_fallback_warning_points_at_the_calling_line_not_a_cpp_source(tmp_path, 
     assert "Triggered internally" not in message and ".cpp" not in message
 
 
+BACKWARD_SCRIPT = """\
+import sys, threading, warnings, torch
+x = torch.randn(2, 3, 4, 4).to('neuron').requires_grad_(True)
+loss = torch.nn.functional.avg_pool2d(x, 2).sum()
+def run():
+    loss.backward()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    if sys.argv[1] == 'thread':
+        t = threading.Thread(target=run); t.start(); t.join()
+    else:
+        loss.backward()
+w, = [w for w in caught if 'avg_pool2d_backward' in str(w.message)]
+print(w.filename, w.lineno, str(w.message))
+"""
+
+
+@pytest.mark.parametrize(("where", "line"), [("main", "11"), ("thread", "5")])
+def test_fallback_warning_in_backward_points_at_the_backward_line(tmp_path, fresh_python,
+                                                                  where, line):
+    """avg_pool2d's backward has no device kernel: it falls back on autograd's device thread,
+    and its warning names the program's line that ran the backward (in its own thread)."""
+    script = tmp_path / "prog.py"
+    script.write_text(BACKWARD_SCRIPT)
+    r = fresh_python(f"import runpy, sys; sys.argv = ['prog', {where!r}]; "
+                     f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    assert r.returncode == 0, r.stderr
+    filename, lineno, message = r.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert (filename, lineno) == (str(script), line)
+    assert message.startswith("aten::avg_pool2d_backward.grad_input executed via CPU fallback")
+    assert "Triggered internally" not in message and ".cpp" not in message
+
+
 def test_ops_torchneuron_registers_are_tracked_by_their_own_name():
     """isfinite, index_select_backward and value_selecting_reduction_backward (composites in
     torch) and histc (a Python kernel here) are device kernels on TorchNeuron: tracked as

@@ -190,20 +190,23 @@ bool fits_int32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
 
 // Whether the current warning handler is torch's Python one (an op called from Python).
 // Other handlers (C++ callers, torch.ops' boxed path) log the source location and need one.
-bool python_handles_warnings() {
+bool handler_is(const char* name) {
   c10::WarningHandler* h = c10::WarningUtils::get_warning_handler();
-  return h != nullptr && std::strstr(typeid(*h).name(), "PyWarningHandler") != nullptr;
+  return h != nullptr && std::strstr(typeid(*h).name(), name) != nullptr;
 }
+bool python_handles_warnings() { return handler_is("PyWarningHandler"); }
 
 // A UserWarning attributed to the Python line that called the op, issued through Python's
 // warnings at once (warn_in_python: never buffered until a binding returns, when an error
 // may be set), without TORCH_WARN's "Triggered internally at <file>.cpp:<line>", a path
-// that means nothing to the user. Other callers (C++, autograd's device threads) get c10's
-// warning with its source location, which their handler logs.
+// that means nothing to the user. On autograd's engine threads (their handler is the graph
+// task's DelayWarningHandler) it is attributed to the program's line that ran backward.
+// Other callers (C++) get c10's warning with its source location, which their handler logs.
 template <typename... Args>
 void warn_user(const Args&... args) {
   const std::string message = c10::str(args...);
   if (python_handles_warnings() && warn_in_python(message)) return;
+  if (handler_is("DelayWarningHandler") && warn_from_backward(message)) return;
   c10::warn(c10::Warning(c10::UserWarning(),
                          c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                          message, false));

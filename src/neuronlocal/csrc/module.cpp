@@ -3,6 +3,8 @@
 #include "profiler_map.h"
 
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
@@ -28,34 +30,118 @@ std::vector<std::string> library_dirs() {
   return dirs;
 }
 
-// The warnings stack level of the innermost Python frame outside torch and neuronlocal:
-// torch's wrappers (torch._compile's disable-Dynamo `inner` around nn.init, for one) and the
-// compiler's graph runner are not where the program called the op. 1 when every frame is
-// theirs. Needs the GIL; leaves no Python error set.
-int user_stacklevel() {
+// Whether `frame` runs torch's or neuronlocal's Python code. Needs the GIL; leaves no error set.
+bool library_frame(PyFrameObject* frame) {
   static const std::vector<std::string> dirs = library_dirs();
-  int level = 1;
-  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  PyCodeObject* code = PyFrame_GetCode(frame);
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  Py_DECREF(code);
+  if (file == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  for (const auto& dir : dirs) {
+    if (std::strncmp(file, dir.c_str(), dir.size()) == 0) return true;
+  }
+  return false;
+}
+
+// From `frame` (borrowed) outward, the first frame outside torch and neuronlocal (a new
+// reference, nullptr if none); `level` counts the frames walked, 1 for `frame` itself.
+PyFrameObject* first_program_frame(PyFrameObject* frame, int& level) {
+  level = 1;
   Py_XINCREF(frame);
-  while (frame != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(frame);
-    const char* file = PyUnicode_AsUTF8(code->co_filename);
-    Py_DECREF(code);
-    if (file == nullptr) PyErr_Clear();
-    bool theirs = false;
-    for (const auto& dir : dirs) {
-      theirs = theirs || (file != nullptr && std::strncmp(file, dir.c_str(), dir.size()) == 0);
-    }
-    if (!theirs) {
-      Py_DECREF(frame);
-      return level;
-    }
+  while (frame != nullptr && library_frame(frame)) {
     PyFrameObject* back = PyFrame_GetBack(frame);
     Py_DECREF(frame);
     frame = back;
     ++level;
   }
-  return 1;
+  return frame;
+}
+
+// The warnings stack level of the innermost Python frame outside torch and neuronlocal:
+// torch's wrappers (torch._compile's disable-Dynamo `inner` around nn.init, for one) and the
+// compiler's graph runner are not where the program called the op. 1 when every frame is
+// theirs. Needs the GIL; leaves no Python error set.
+int user_stacklevel() {
+  int level = 1;
+  PyFrameObject* frame = first_program_frame(PyEval_GetFrame(), level);
+  if (frame == nullptr) return 1;
+  Py_DECREF(frame);
+  return level;
+}
+
+// A SourceLocation's strings must outlive the warning, which the engine replays later.
+const char* intern(const std::string& s) {
+  static std::mutex mu;
+  static auto* strings = new std::set<std::string>();  // leaked: a replay may come at exit
+  std::lock_guard<std::mutex> lock(mu);
+  return strings->insert(s).first->c_str();
+}
+
+// The program frame (new reference) that called into torch's `_engine_run_backward` on
+// `frame`'s thread, or nullptr.
+PyFrameObject* backward_caller(PyFrameObject* frame) {
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    const char* name = PyUnicode_AsUTF8(code->co_name);
+    Py_DECREF(code);
+    if (name == nullptr) PyErr_Clear();
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    const bool entry = name != nullptr && std::strcmp(name, "_engine_run_backward") == 0 &&
+                       library_frame(frame);
+    Py_DECREF(frame);
+    if (entry) {
+      int level = 0;
+      PyFrameObject* found = first_program_frame(back, level);
+      Py_XDECREF(back);
+      return found;
+    }
+    frame = back;
+  }
+  return nullptr;
+}
+
+// Where the Python thread running the current backward called it: this thread's own (a
+// reentrant backward) first, else the only other thread inside a backward. Several others:
+// which one waits for this graph task cannot be told, so none. Needs the GIL.
+bool backward_site(c10::SourceLocation& where) {
+  py::dict threads = py::module_::import("sys").attr("_current_frames")();
+  const auto self = static_cast<unsigned long>(PyThread_get_thread_ident());
+  PyFrameObject* chosen = nullptr;
+  int others = 0;
+  for (auto item : threads) {
+    const bool mine = item.first.cast<unsigned long>() == self;
+    PyFrameObject* found =
+        backward_caller(reinterpret_cast<PyFrameObject*>(item.second.ptr()));
+    if (found == nullptr) continue;
+    if (mine) {
+      Py_XDECREF(chosen);
+      chosen = found;
+      others = 0;
+      break;
+    }
+    ++others;
+    Py_XDECREF(chosen);
+    chosen = found;
+  }
+  if (chosen == nullptr || others > 1) {
+    Py_XDECREF(chosen);
+    return false;
+  }
+  PyCodeObject* code = PyFrame_GetCode(chosen);
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  const char* func = file != nullptr ? PyUnicode_AsUTF8(code->co_name) : nullptr;
+  if (file != nullptr && func != nullptr) {
+    where = c10::SourceLocation{intern(func), intern(file),
+                                static_cast<uint32_t>(PyFrame_GetLineNumber(chosen))};
+  }
+  Py_DECREF(code);
+  Py_DECREF(chosen);
+  if (func == nullptr) PyErr_Clear();
+  return func != nullptr;
 }
 }  // namespace
 
@@ -73,6 +159,29 @@ bool warn_in_python(const std::string& message) {
     return true;
   }
   if (rc < 0) throw python_error();  // a filter turned the warning into an error
+  return true;
+}
+
+bool warn_from_backward(const std::string& message) {
+  c10::SourceLocation where{};
+  {
+    PythonCall call;
+    if (!call.ok()) return false;
+    // The thread that runs backward waits with the GIL released (torch's run_backward
+    // releases it), as Python autograd Functions on this thread need too.
+    py::gil_scoped_acquire gil;
+    PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+    PyErr_Fetch(&type, &value, &traceback);
+    bool found = false;
+    try {
+      found = backward_site(where);
+    } catch (const std::exception&) {  // best effort: c10's plain warning instead
+    }
+    PyErr_Restore(type, value, traceback);  // also clears any error the search left
+    if (!found) return false;
+  }
+  // Verbatim: torch's Python handler issues it at `where`, with no C++ source appended.
+  c10::warn(c10::Warning(c10::UserWarning(), where, message, /*verbatim=*/true));
   return true;
 }
 }  // namespace neuron

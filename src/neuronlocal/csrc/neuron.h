@@ -321,5 +321,11 @@ bool python_calls_closed();
 // error already set is kept; a warning filter that makes it an error throws it (as torch's
 // handler does). Returns false when Python cannot be called (exit under way).
 bool warn_in_python(const std::string& message);
+// On an autograd engine thread, which buffers warnings and replays them in the thread that
+// called backward: issues a c10 warning attributed to that thread's program line (outside
+// torch and neuronlocal) that ran the backward, with no C++ source. Returns false, issuing
+// nothing, where no such Python thread is found (a backward driven from C++) or Python
+// cannot be called.
+bool warn_from_backward(const std::string& message);
 
 }  // namespace neuron

@@ -249,7 +249,7 @@ TRAIN = """\
 
 
 # The tail of the TP scripts: AdamW steps on random rows, the loss printed.
-TRAIN = """\
+TP_TAIL = """\
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(3):
         x = torch.randn({rows}, 128, device="neuron")
@@ -273,7 +273,7 @@ TP = """\
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 128)).to("neuron")
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-""" + TRAIN.format(rows=16)
+""" + TP_TAIL.format(rows=16)
 
 TP_FSDP = """\
     import sys
@@ -312,7 +312,7 @@ TP_FSDP = """\
             block.compile()
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-""" + TRAIN.format(rows=256)
+""" + TP_TAIL.format(rows=256)
 
 LLAMA = Path(__file__).parents[1] / "bench" / "dry_run_llama.py"
 SMALL_LLAMA = ["--layers", "2", "--hidden", "256", "--ffn", "512", "--heads", "4", "--kv", "2",

@@ -73,8 +73,8 @@ def rank_env(rank: int, nproc: int, nnodes: int, run_id: str, steps: int,
 
 def default_jobs(ranks: int) -> int:
     """Simulated ranks run at once by default: one per CPU core this process may use, at
-    most the ranks. Each rank is a single-threaded-bound process (about 0.5-1 GiB of host
-    memory at 8B-70B), so more than the cores only slows each one."""
+    most the ranks. A rank keeps about one core busy and holds 0.5-1 GiB of host memory at
+    8B-70B, so running more at once than there are cores only slows each one."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -671,6 +671,41 @@ def test_graph_break_logs_stay_out_of_stderr(tmp_path):
     assert b["reason"] == "Failed to trace builtin operator" and b["line"] == 5
 
 
+SKIPPED_FUNCTION = """\
+Failed to handle graph break gracefully. Skipping the function and falling back to eager. \
+Graph break encountered:
+
+HOP: Unsafe side effect
+  Higher Order Operator: torch.utils.checkpoint.checkpoint
+  Explanation: Mutating a variable from outside the scope of this HOP is not supported.
+  Hint: If you are ok with side-effect not replayed in the backward, try setting `flag = True`
+
+  Developer debug context: Attempted to mutate UserDefinedObjectVariable(CompileableContextVar)
+"""
+
+
+def test_a_break_that_runs_its_whole_function_eagerly_says_so():
+    """Dynamo's "Skipping the function" header is not the reason: the break's kind is, and
+    the report says the function ran eagerly (one launch per op) and gives Dynamo's hint."""
+    from neuronlocal.report import collect
+
+    parts = collect.break_parts(SKIPPED_FUNCTION)
+    assert parts == {"reason": "HOP: Unsafe side effect", "whole_function_eager": True,
+                     "hint": "If you are ok with side-effect not replayed in the backward, "
+                             "try setting `flag = True`"}
+    resumed = collect.break_parts(SKIPPED_FUNCTION.replace(collect._EAGER, "Encountered graph "
+                                                           "break when attempting to trace"))
+    assert resumed == {**parts, "whole_function_eager": False}
+    rank = _rank_report(0, 1)
+    rank["graph_breaks"] = [{**parts, "count": 3, "detail": SKIPPED_FUNCTION, "line": 507,
+                             "file": "/x/layer.py", "source": "self.global_var = value"}]
+    page = render.html_page(render.merge([rank]))
+    assert "HOP: Unsafe side effect; the whole function ran eagerly" in page
+    assert "try setting `flag = True`" in page
+    assert "3 graph break(s), 3 of them ran their whole function eagerly" in render.headline(
+        render.merge([rank]))
+
+
 def test_collector_keeps_graph_break_logs_the_user_enabled():
     import logging
 
@@ -784,22 +819,44 @@ print("losses", [h["loss"] for h in trainer.state.log_history if "loss" in h])
 """
 
 
+HINT = "torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True"
+
+
 @pytest.mark.slow
 def test_compiled_sft_with_gradient_checkpointing_under_run(tmp_path):
-    """TRL's SFTTrainer(torch_compile=True) keeps activation checkpointing on; its compiled
-    code calls higher-order operators that the run's op counter must cost, not reject."""
-    proc, out = run_cli(tmp_path, [str(script(tmp_path, "sft.py", SFT_SCRIPT))], timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    losses = json.loads(proc.stdout.split("losses ", 1)[1].replace("'", '"'))
-    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
-    r = json.loads((out / "report.json").read_text())["ranks"][0]
-    assert r["run"]["error"] is None and r["not_estimated"] == []
+    """TRL's SFTTrainer(torch_compile=True) keeps activation checkpointing on. With `kernels`
+    installed, transformers' kernelized attention sets a context variable inside each
+    checkpointed layer, a side effect Dynamo cannot replay, so Dynamo runs the whole model
+    eagerly (on CPU too): the report must say so and give Dynamo's hint. With the hint
+    applied the model compiles, and the op counter costs its higher-order operators."""
+    def run(name: str, code: str) -> tuple[list[float], dict[str, Any]]:
+        (tmp_path / name).mkdir()
+        proc, out = run_cli(tmp_path / name, [str(script(tmp_path, f"{name}.py", code))],
+                            timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        losses = json.loads(proc.stdout.split("losses ", 1)[1].replace("'", '"'))
+        assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+        r = json.loads((out / "report.json").read_text())["ranks"][0]
+        assert r["run"]["error"] is None and r["not_estimated"] == []
+        return losses, r
+
+    losses, r = run("as_written", SFT_SCRIPT)
+    side = [b for b in r["graph_breaks"]
+            if b["whole_function_eager"] and b["reason"] == "HOP: Unsafe side effect"]
+    assert side and HINT in side[0]["hint"], r["graph_breaks"]
+    assert not any(g["estimate"]["tensor_flops"] for g in r["graphs"])  # no matmul compiled
+    assert r["eager_ops"]["aten::mm"] > 0  # the model's matmuls ran op by op
+
+    applied = SFT_SCRIPT.replace("import torch\n", f"import torch\n{HINT}\n", 1)
+    fixed, r = run("hint_applied", applied)
+    assert fixed == pytest.approx(losses, rel=1e-5)  # the hint changes no number here
+    assert not any(b["reason"] == "HOP: Unsafe side effect" for b in r["graph_breaks"])
     # The model's graph (the loss is another): its backward recomputes the checkpointed
     # forward, so it costs more than twice the forward's matmuls.
     model = max((g for g in r["graphs"] if g["extra"]["training"]), key=lambda g: g["node_count"])
     est = model["estimate"]
     assert est["backward_tensor_flops"] > 2 * est["tensor_flops"] > 0
-    assert all(g["extra"]["user_frame"]["file"].endswith("sft.py") for g in r["graphs"])
+    assert all(g["extra"]["user_frame"]["file"].endswith("hint_applied.py") for g in r["graphs"])
     steps = r["estimate"]["steps"]
     assert len(steps) == 2 and all(s["graph_calls"] > 0 and s["estimated_s"] > 0 for s in steps)
 

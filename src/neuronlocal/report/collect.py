@@ -35,6 +35,8 @@ MAX_TIMELINE_POINTS = 1500
 _FALLBACK = re.compile(r"^(\S+::\S+) executed via CPU fallback")
 _BREAK_AT = re.compile(r"in user code at (.+?):(\d+)")
 _BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
+_EAGER = "Failed to handle graph break gracefully"  # Dynamo gave up on the whole function
+_HEADERS = ("Encountered graph break", _EAGER, "Graph break encountered")
 
 
 def _source(path: str, line: int) -> str:
@@ -63,11 +65,25 @@ class _BreakHandler(logging.Handler):
             return
         where = _BREAK_AT.search(msg)
         reason = msg.split("Graph Break Reason:", 1)[-1].strip()
-        first = next((ln.strip() for ln in reason.splitlines()
-                      if ln.strip() and not ln.startswith("Encountered")), reason[:200])
         path, line = (where.group(1), int(where.group(2))) if where else ("", 0)
-        self.state.breaks.append({"reason": first, "detail": reason[:2000], "file": path,
+        self.state.breaks.append({**break_parts(reason), "detail": reason[:2000], "file": path,
                                   "line": line, "source": _source(path, line) if path else ""})
+
+
+def break_parts(reason: str) -> dict[str, Any]:
+    """A graph break's kind, Dynamo's hints, and whether Dynamo ran the whole function eagerly.
+
+    Dynamo's text is a header ("Encountered graph break when ...", or "Failed to handle graph
+    break gracefully. Skipping the function and falling back to eager ..."), then the break's
+    kind on a line of its own, then indented "Explanation:" and "Hint:" lines.
+    """
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    eager = bool(lines) and lines[0].startswith(_EAGER)
+    body = [ln for ln in lines if not ln.startswith(_HEADERS)]
+    kind = body[0] if body else (lines[0] if lines else "?")
+    hints = [ln.removeprefix("Hint:").strip() for ln in body if ln.startswith("Hint:")]
+    return {"reason": kind[:200], "hint": " ".join(dict.fromkeys(hints)),
+            "whole_function_eager": eager}
 
 
 class Collector:
@@ -217,21 +233,22 @@ def kernel_ops() -> dict[str, int]:
 
 
 def _breaks(captured: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Graph breaks merged by (reason, file, line), with Dynamo's counts when not captured."""
+    """Graph breaks merged by site and kind, with Dynamo's counts when not captured."""
     from neuronlocal.core import dynamo_metrics as compile_metrics
 
-    merged: dict[tuple[str, str, int], dict[str, Any]] = {}
+    merged: dict[tuple[str, str, int, bool], dict[str, Any]] = {}
     for b in captured:
-        key = (b["reason"], b["file"], b["line"])
+        key = (b["reason"], b["file"], b["line"], b["whole_function_eager"])
         if key in merged:
             merged[key]["count"] += 1
         else:
             merged[key] = {**b, "count": 1}
     if not merged:
         for b in compile_metrics.graph_breaks():
-            first = b["reason"].strip().splitlines()[0] if b["reason"].strip() else "?"
-            merged[(first, "", 0)] = {"reason": first, "detail": b["reason"], "file": "",
-                                      "line": 0, "source": "", "count": b["count"]}
+            parts = break_parts(b["reason"])
+            key = (parts["reason"], "", 0, parts["whole_function_eager"])
+            merged[key] = {**parts, "detail": b["reason"], "file": "", "line": 0, "source": "",
+                           "count": b["count"]}
     return list(merged.values())
 
 

@@ -39,6 +39,12 @@ def _site(e: dict[str, Any]) -> str:
     return f"{e['file']}:{e['line']}" if e.get("file") else "(not captured)"
 
 
+def _break_reason(b: dict[str, Any]) -> str:
+    """A graph break's kind, and whether its whole function then ran eagerly."""
+    return b["reason"] + ("; the whole function ran eagerly" if b.get("whole_function_eager")
+                          else "")
+
+
 def per_call(f: dict[str, Any]) -> str:
     """Bytes a host fallback copies to the host and back, per call (its cost on Trainium)."""
     n = max(1, f["count"])
@@ -138,7 +144,9 @@ def _rank_findings(r: dict[str, Any]) -> list[str]:
         n = sum(f["count"] for f in r["fallback_ops"])
         out.append(f"{len(r['fallback_ops'])} op(s) ran on the host CPU ({n} calls)")
     if r["graph_breaks"]:
-        out.append(f"{sum(b['count'] for b in r['graph_breaks'])} graph break(s)")
+        eager = sum(b["count"] for b in r["graph_breaks"] if b.get("whole_function_eager"))
+        out.append(f"{sum(b['count'] for b in r['graph_breaks'])} graph break(s)"
+                   + (f", {eager} of them ran their whole function eagerly" if eager else ""))
     out += findings(r)
     return out
 
@@ -243,10 +251,12 @@ def sections(rep: dict[str, Any]) -> list[Section]:
                  for r in ranks for b in r["bucket_suggestions"]], "nothing to bucket",
                 "Pad the dimension to the next bucket (neuronlocal.compile.bucketing."
                 "pad_to_bucket): one graph per bucket instead of one per size."),
-        Section("Graph breaks", rc + ["count", "reason", "where", "source"],
-                [rk(r) + [b["count"], Folded(b["reason"], b.get("detail") or b["reason"]),
-                          _site(b), b["source"]]
-                 for r in ranks for b in r["graph_breaks"]], "no graph breaks"),
+        Section("Graph breaks", rc + ["count", "reason", "where", "source", "Dynamo's hint"],
+                [rk(r) + [b["count"], Folded(_break_reason(b), b.get("detail") or b["reason"]),
+                          _site(b), b["source"], b.get("hint", "")]
+                 for r in ranks for b in r["graph_breaks"]], "no graph breaks",
+                "A break that Dynamo could not resume from runs its whole function eagerly: "
+                "on Trainium, one kernel launch per op."),
         Section("CPU-fallback ops (run on the host on Trainium)",
                 rc + ["op", "count", "to / from host per call", "first call site", "source"],
                 [rk(r) + [f["op"], f["count"], per_call(f), _site(f), f["source"]]

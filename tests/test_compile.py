@@ -173,7 +173,8 @@ def test_static_shapes_compile_once_per_shape():
     assert kinds <= {"static", "specialized"}
 
 
-@pytest.mark.parametrize("flags", ["-O1", "--optlevel 2"])
+# -O1's C++ wrapper compile takes about 20 s: the mechanism is the same at level 2.
+@pytest.mark.parametrize("flags", [pytest.param("-O1", marks=pytest.mark.slow), "--optlevel 2"])
 def test_optimisation_level_sets_inductor_config(monkeypatch, inductor, flags):
     """NEURON_CC_FLAGS's level picks Inductor's settings (-O1: one C++ file per graph, scalar
     loops, no C++ optimisation); the graph matches CPU forward and backward either way, and

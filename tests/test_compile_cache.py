@@ -477,6 +477,7 @@ def test_disabled_cache_writes_nothing(tmp_path):
     assert caches == ["miss"]
 
 
+@pytest.mark.slow  # two Inductor compiles; the fast corrupt-entry tests above cover the rule
 def test_unreadable_entry_is_replaced(tmp_path):
     """A truncated entry is reported and rewritten; Inductor's intact artifacts still serve."""
     _compile_in_new_process(_env(tmp_path))

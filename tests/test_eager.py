@@ -724,6 +724,31 @@ def test_tracking_records_the_op_the_user_called():
     assert all(has(f"aten::{n}", "PrivateUse1") for n in ops.tracked_composites())
 
 
+@pytest.mark.parametrize("dims", [1, 2])
+@pytest.mark.parametrize("mask", [(True, False, True), (False, False, True), (True, True, False),
+                                  (False, True, False)])
+def test_convolution_backward_returns_none_for_what_the_mask_leaves_out(dims, mask):
+    """A gradient `output_mask` leaves out is None, as TorchNeuron's kernel gives it (CPU's
+    kernel returns the weight's in its 2-D working layout when the bias's is asked for);
+    the others match CPU's."""
+    g = torch.Generator().manual_seed(0)
+    size = (10,) * dims
+    x = torch.randn(2, 3, *size, generator=g, requires_grad=True)
+    w, go = torch.randn(2, 3, *(3,) * dims, generator=g), torch.randn(2, 2, *size, generator=g)
+
+    def grads(dev: str) -> tuple:
+        return torch.ops.aten.convolution_backward(
+            go.to(dev), x.to(dev), w.to(dev), bias_sizes=[2], stride=(1,) * dims,
+            padding=(1,) * dims, dilation=(1,) * dims, transposed=False,
+            output_padding=(0,) * dims, groups=1, output_mask=list(mask))
+
+    for wanted, got, ref in zip(mask, grads("neuron"), grads("cpu"), strict=True):
+        if wanted:
+            torch.testing.assert_close(got.cpu(), ref)
+        else:
+            assert got is None
+
+
 def test_sync_batch_norm_helper_ops_match_batch_norm():
     """The ops nn.SyncBatchNorm calls (ATen has CUDA kernels only) run on neuron and give,
     for one rank, what batch_norm gives: forward, running statistics and gradients."""

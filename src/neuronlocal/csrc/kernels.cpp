@@ -281,8 +281,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
       operand(grad_output), operand(input), operand(weight),
       std::vector<int64_t>{channels}, stride, padding, dilation, transposed, output_padding,
       groups, mask);
+  // A gradient the mask leaves out is undefined (None), as TorchNeuron's kernel returns it:
+  // CPU's kernel may compute one anyway (the weight's, in 2-D layout, when the bias's is asked).
   auto idx = input.device().index();
-  return {to_neuron_like(gi, idx), to_neuron_like(gw, idx), to_neuron_like(gb, idx)};
+  auto kept = [&](const at::Tensor& g, bool wanted) {
+    return wanted ? to_neuron_like(g, idx) : at::Tensor();
+  };
+  return {kept(gi, mask[0]), kept(gw, mask[1]), kept(gb, mask[2])};
 }
 
 void record_stream(at::Tensor& /*self*/, c10::Stream /*s*/) {}

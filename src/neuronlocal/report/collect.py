@@ -236,19 +236,17 @@ def _breaks(captured: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Graph breaks merged by site and kind, with Dynamo's counts when not captured."""
     from neuronlocal.core import dynamo_metrics as compile_metrics
 
+    def key(b: dict[str, Any]) -> tuple[str, str, int, bool]:
+        return b["reason"], b["file"], b["line"], b["whole_function_eager"]
+
     merged: dict[tuple[str, str, int, bool], dict[str, Any]] = {}
     for b in captured:
-        key = (b["reason"], b["file"], b["line"], b["whole_function_eager"])
-        if key in merged:
-            merged[key]["count"] += 1
-        else:
-            merged[key] = {**b, "count": 1}
+        merged.setdefault(key(b), {**b, "count": 0})["count"] += 1
     if not merged:
         for b in compile_metrics.graph_breaks():
-            parts = break_parts(b["reason"])
-            key = (parts["reason"], "", 0, parts["whole_function_eager"])
-            merged[key] = {**parts, "detail": b["reason"], "file": "", "line": 0, "source": "",
-                           "count": b["count"]}
+            entry = {**break_parts(b["reason"]), "detail": b["reason"], "file": "", "line": 0,
+                     "source": "", "count": b["count"]}
+            merged[key(entry)] = entry
     return list(merged.values())
 
 
